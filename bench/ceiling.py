@@ -1,0 +1,91 @@
+"""Measure the WAN emulator's own ceiling: raw TCP bulk transfer through the proxy.
+
+A threaded source server sends N bytes per request; client threads pull them through a
+``WanProxyProcess`` over 1 and over K connections.  This is the proxy's limit without
+S3 in the way (the per-scenario "link" rows measure S3 through the proxy).
+
+    python -m bench ceiling [--rtt-ms 60] [--mbit N] [--conns 1,16] [--mb 256]
+"""
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+import time
+
+from bench.wan import WanProxyProcess
+
+_BUF = memoryview(bytes(range(256)) * (4 << 12))  # 4 MiB of a fixed pattern
+
+
+class _Source(socketserver.StreamRequestHandler):
+    def handle(self):
+        sock = self.request
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        while True:
+            line = self.rfile.readline()
+            if not line:
+                return
+            left = int(line)
+            while left:
+                n = min(left, len(_BUF))
+                sock.sendall(_BUF[:n])
+                left -= n
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def _pull(port: int, nbytes: int, out: list, idx: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        buf = bytearray(4 << 20)
+        mv = memoryview(buf)
+        s.sendall(b"1\n")            # warm up: pay the handshake outside the timing
+        s.recv_into(mv, 1)
+        t0 = time.monotonic()
+        s.sendall(b"%d\n" % nbytes)
+        left = nbytes
+        while left:
+            got = s.recv_into(mv, min(left, len(buf)))
+            if not got:
+                raise EOFError("source closed early")
+            left -= got
+        out[idx] = (t0, time.monotonic())
+
+
+def measure(rtt_ms: float = 60.0, conns: int = 1, total_mb: float = 256,
+            mbit: float | None = None) -> dict:
+    """MB/s moving ``total_mb`` through the proxy split over ``conns`` connections."""
+    srv = _Server(("127.0.0.1", 0), _Source)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with WanProxyProcess(f"127.0.0.1:{srv.server_address[1]}", rtt_ms=rtt_ms,
+                             mbit=mbit) as proxy:
+            per = int(total_mb * 1e6 / conns)
+            spans: list = [None] * conns
+            threads = [threading.Thread(target=_pull, args=(proxy.port, per, spans, i))
+                       for i in range(conns)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            t0 = min(s[0] for s in spans)
+            t1 = max(s[1] for s in spans)
+            st = proxy.stats()
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return {"rtt_ms": rtt_ms, "conns": conns, "mbit": mbit, "bytes": per * conns,
+            "seconds": t1 - t0, "mb_per_s": per * conns / (t1 - t0) / 1e6,
+            "proxy_bytes_down": st["bytes_down"]}
+
+
+def main(args) -> int:
+    for c in args.conns:
+        r = measure(args.rtt_ms, c, args.mb, args.mbit)
+        print(f"proxy ceiling rtt={r['rtt_ms']:.0f}ms conns={c:3d} "
+              f"{r['mb_per_s']:8.1f} MB/s ({r['bytes'] / 1e6:.0f} MB in {r['seconds']:.2f} s)")
+    return 0
