@@ -1,0 +1,108 @@
+"""Shared types: Prediction, the Predictor protocol, the catalog and an open-rate estimate.
+
+Semantics of a Prediction (what the daemon's prefetch scheduler may rely on):
+
+* ``eta_s``  expected seconds from now until the range is first read;
+* ``prob``   probability that the range is read within the next ``PROB_HORIZON_OPENS``
+  file opens (for ordered predictors this is their measured hit rate; for "one of the
+  R unread members of the epoch" it is about ``PROB_HORIZON_OPENS / R``), so a scheduler
+  can cut low-probability items when cache or bandwidth is short;
+* lists are ranked best first (soonest needed, then most probable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol, runtime_checkable
+
+from .events import Event
+
+# Horizon that `prob` refers to. 64 opens ~ 8 loader workers x prefetch_factor 2 x 4
+# samples: about what a DataLoader has in flight, i.e. what a prefetch must beat.
+PROB_HORIZON_OPENS = 64
+
+# Weight of a new inter-open gap in the EWMA rate estimate; 1/32 averages over about
+# one batch of opens of a typical 32-sample DataLoader batch.
+RATE_EWMA_ALPHA = 1.0 / 32
+# Prior inter-open gap before anything was seen: 10 ms (~100 samples/s, the order of
+# the seed's 115-117 samples/s training loop).
+DEFAULT_OPEN_GAP_S = 0.010
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    path: str
+    offset: int
+    length: int
+    eta_s: float    # expected seconds until needed
+    prob: float     # 0..1, see module docstring
+    source: str     # name of the predictor that made it
+
+
+@runtime_checkable
+class Predictor(Protocol):
+    name: str
+
+    def observe(self, ev: Event) -> None: ...
+
+    def predict(self, max_items: int) -> list[Prediction]: ...
+
+    def set_catalog(self, entries: "Iterable[tuple[str, int]] | Catalog") -> None: ...
+
+
+class Catalog:
+    """Paths with sizes in listing order (sorted like an S3 listing) and a path->index map."""
+
+    __slots__ = ("paths", "sizes", "index")
+
+    def __init__(self, entries: Iterable[tuple[str, int]] = ()):
+        self.paths: list[str] = []
+        self.sizes: list[int] = []
+        for p, s in entries:
+            self.paths.append(p)
+            self.sizes.append(int(s))
+        self.index: dict[str, int] = {p: i for i, p in enumerate(self.paths)}
+
+    @classmethod
+    def of(cls, entries: "Iterable[tuple[str, int]] | Catalog") -> "Catalog":
+        return entries if isinstance(entries, Catalog) else cls(entries)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __contains__(self, path: object) -> bool:
+        return path in self.index
+
+    def size_of(self, path: str, default: int = 0) -> int:
+        i = self.index.get(path)
+        return self.sizes[i] if i is not None else default
+
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+class OpenRate:
+    """EWMA of the gap between consecutive opens; eta of the j-th next open = j * gap."""
+
+    __slots__ = ("gap", "last_t")
+
+    def __init__(self) -> None:
+        self.gap = DEFAULT_OPEN_GAP_S
+        self.last_t: float | None = None
+
+    def observe_open(self, t: float) -> None:
+        if self.last_t is not None:
+            dt = t - self.last_t
+            if dt >= 0:
+                self.gap += RATE_EWMA_ALPHA * (dt - self.gap)
+        self.last_t = t
+
+    def eta(self, j: int) -> float:
+        return j * self.gap
+
+
+def whole_file(cat: Catalog, path: str, eta: float, prob: float, source: str,
+               size: int | None = None) -> Prediction:
+    """A prediction for a whole object (cross-file predictors prefetch whole files; the
+    scheduler fetches their first blocks first)."""
+    return Prediction(path, 0, cat.size_of(path) if size is None else size, eta,
+                      min(1.0, max(0.0, prob)), source)

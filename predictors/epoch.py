@@ -1,0 +1,134 @@
+"""Epoch detection and epoch-aware eviction priority.
+
+Under per-epoch shuffling LRU thrashes: with a cache holding a fraction f of the data
+it hits f + (1-f)ln(1-f) per epoch (0.15 at f = 0.5), while evicting what was already
+consumed this epoch keeps a fixed subset and hits f (0.50). ``EpochTracker`` finds the
+epoch boundaries from the access stream and ranks paths for eviction:
+
+    class 0  consumed this epoch and no longer active -> evict first, newest consumed first
+             (newest-first also keeps the head of a repeated order across epochs);
+    class 1  consumed this epoch but opened among the last ACTIVE_OPENS opens (a reader
+             may still be working on it, e.g. a shard read in chunks);
+    class 2  not read this epoch (still to come, or unknown/prefetched) -> LRU among them.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .base import Catalog
+from .events import Event
+
+# Opens of distinct paths within which a path counts as "still being read". 32 covers
+# 8 DataLoader workers x prefetch_factor 2 x 2 files each in flight.
+ACTIVE_OPENS = 32
+# A re-read of something already consumed this epoch ends the epoch once this fraction
+# of the expected working set was read (stragglers and dropped tail batches mean real
+# epochs rarely cover 100%: drop_last loses < 1 batch, DistributedSampler pads < w).
+EPOCH_REREAD_COVERAGE = 0.8
+# In the first epoch the working set is unknown (the job may read a subset of the
+# catalog): a re-read of a path consumed at least this fraction of the epoch's opens ago
+# also ends the epoch. 0.5: a re-read of "the first half" cannot be a local re-open.
+REREAD_MIN_AGE_FRAC = 0.5
+# ...but not before this many distinct opens: tiny epochs are indistinguishable from
+# a job re-opening a few files (e.g. a config or index file).
+MIN_EPOCH_OPENS = 16
+
+_CLASS = 1e12  # separates the rank classes; sequence numbers stay far below it
+
+
+class EpochTracker:
+    """Observes events, tracks epochs, answers ``consumed(path)`` and ``evict_rank(path)``."""
+
+    name = "epoch"
+
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
+        self.epoch = 0
+        self.seq = 0                       # distinct-path accesses so far (all epochs)
+        self._last_epoch: dict[str, int] = {}   # path -> epoch it was last consumed in
+        self._seq_of: dict[str, int] = {}       # path -> seq of its last consumption
+        self.count = 0                     # distinct paths consumed in the current epoch
+        self.prev_count = 0                # distinct paths consumed in the previous epoch
+        self.members_prev: set[str] = set()     # working set = paths read last epoch
+        self.covered_prev = 0              # members_prev consumed in the current epoch
+        self._members_cur: list[str] = []
+        self.prev_order: list[str] = []    # last epoch's paths in first-access order
+        self.boundaries: list[int] = []    # seq at which each new epoch started
+        self.set_catalog(catalog)
+
+    def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
+        self.catalog_size = len(Catalog.of(entries))
+
+    # -- expected working-set size of the current epoch
+    def expected_size(self) -> int:
+        if self.epoch > 0 and self.prev_count:
+            return self.prev_count
+        return self.catalog_size
+
+    def coverage(self) -> float:
+        n = self.expected_size()
+        return self.count / n if n else 0.0
+
+    def observe(self, ev: Event) -> bool:
+        """Returns True if this event started a new epoch.
+
+        Opens and reads both count as accesses; a read never ends an epoch (a worker may
+        keep a shard open and read it in chunks long after it opened it)."""
+        path = ev.path
+        if self._last_epoch.get(path) == self.epoch:
+            if ev.op != "open":
+                return False
+            age = self.seq - self._seq_of[path]
+            if age <= ACTIVE_OPENS:
+                return False  # local re-open (another worker, a header re-read)
+            n = self.expected_size()
+            covered = n > 0 and self.count >= EPOCH_REREAD_COVERAGE * n
+            old = (self.epoch == 0 and self.count >= MIN_EPOCH_OPENS
+                   and age >= REREAD_MIN_AGE_FRAC * self.count)
+            if not (covered or old):
+                self.seq += 1                 # re-read within the epoch (random access)
+                self._seq_of[path] = self.seq
+                return False
+            self._new_epoch()
+            started = True
+        else:
+            started = False
+        self.seq += 1
+        self._last_epoch[path] = self.epoch
+        self._seq_of[path] = self.seq
+        self._members_cur.append(path)
+        self.count += 1
+        if path in self.members_prev:
+            self.covered_prev += 1
+            if self.covered_prev >= self.prev_count:
+                self._new_epoch()   # working set fully covered: next access is a new epoch
+                started = True
+        return started
+
+    def _new_epoch(self) -> None:
+        self.prev_order = self._members_cur
+        self.members_prev = set(self._members_cur)
+        self.prev_count = len(self.members_prev)
+        self._members_cur = []
+        self.count = 0
+        self.covered_prev = 0
+        self.epoch += 1
+        self.boundaries.append(self.seq)
+
+    def consumed(self, path: str) -> bool:
+        """True if the path was read in the current epoch."""
+        return self._last_epoch.get(path) == self.epoch
+
+    def active(self, path: str) -> bool:
+        s = self._seq_of.get(path)
+        return s is not None and self.seq - s < ACTIVE_OPENS
+
+    def evict_rank(self, path: str) -> float:
+        """Lower = evict first (see module docstring for the three classes)."""
+        s = self._seq_of.get(path)
+        if s is None:
+            return 2 * _CLASS + self.seq      # unknown (e.g. prefetched, not yet read)
+        if self._last_epoch.get(path) == self.epoch:
+            if self.seq - s < ACTIVE_OPENS:
+                return _CLASS + s
+            return float(self.seq - s)        # newest consumed first
+        return 2 * _CLASS + s                 # LRU among the not-yet-consumed

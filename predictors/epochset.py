@@ -1,0 +1,78 @@
+"""Shuffled epochs over a working set: each member is read once per epoch in an unknown
+order, so the members not yet read this epoch are the candidates.
+
+prob of each is about PROB_HORIZON_OPENS / remaining (chance it is among the next
+opens), eta the expected wait for a uniformly placed member ((remaining+1)/2 opens).
+They are listed in listing order so that successive predictions are stable (a
+scheduler working down the list makes progress instead of chasing a reshuffled list).
+In the first epoch the working set is unknown: the unread part of the catalog stands in,
+with a lower prob.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from .base import PROB_HORIZON_OPENS, Catalog, OpenRate, Prediction, whole_file
+from .epoch import EpochTracker
+from .events import Event
+
+# In the first epoch the catalog may be much larger than what the job reads (train/ vs
+# val/, several datasets under one prefix): halve the prob.
+FIRST_EPOCH_PROB_SCALE = 0.5
+# Chunk of the membership mask scanned per step when collecting candidates.
+SCAN_CHUNK = 8192
+
+
+class EpochSetPredictor:
+    name = "epochset"
+
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
+        self.tracker = EpochTracker()
+        self.rate = OpenRate()
+        self.set_catalog(catalog)
+
+    def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
+        self.catalog = Catalog.of(entries)
+        self.tracker.set_catalog(self.catalog)
+        n = len(self.catalog)
+        self.unread = np.ones(n, dtype=bool)     # candidates: members not read this epoch
+        self.remaining = n
+        self.first_epoch = True
+
+    def observe(self, ev: Event) -> None:
+        if ev.op == "open":
+            self.rate.observe_open(ev.t)
+        if self.tracker.observe(ev):
+            idx = self.catalog.index
+            self.unread[:] = False
+            for p in self.tracker.members_prev:
+                i = idx.get(p)
+                if i is not None:
+                    self.unread[i] = True
+            self.remaining = int(self.unread.sum())
+            self.first_epoch = False
+        if self.tracker.consumed(ev.path):
+            i = self.catalog.index.get(ev.path)
+            if i is not None and self.unread[i]:
+                self.unread[i] = False
+                self.remaining -= 1
+
+    def predict(self, max_items: int) -> list[Prediction]:
+        r = self.remaining
+        if r <= 0 or max_items <= 0:
+            return []
+        prob = min(1.0, PROB_HORIZON_OPENS / r)
+        if self.first_epoch:
+            prob *= FIRST_EPOCH_PROB_SCALE
+        eta = self.rate.eta((r + 1) / 2)
+        cat, u = self.catalog, self.unread
+        out: list[Prediction] = []
+        for start in range(0, len(u), SCAN_CHUNK):
+            for i in np.flatnonzero(u[start:start + SCAN_CHUNK]).tolist():
+                j = start + i
+                out.append(whole_file(cat, cat.paths[j], eta, prob, self.name, cat.sizes[j]))
+                if len(out) >= max_items:
+                    return out
+        return out

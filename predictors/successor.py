@@ -1,0 +1,65 @@
+"""Successor model: an order repeated across epochs.
+
+Learns each epoch's order of first accesses; from the second epoch on, predicts that
+the job follows the previous epoch's order (a "next-after" table generalised to any
+depth: the successors of the cursor position in last epoch's sequence). Covers a fixed
+shuffle (a sampler seeded identically every epoch, e.g. DistributedSampler without
+set_epoch) and any repeated scan order, interleaved by several workers.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from .base import Catalog, OpenRate, Prediction, whole_file
+from .epoch import EpochTracker
+from .events import Event
+from .order import OrderCursor
+
+# An open counts as "following last epoch's order" if it lands within this many
+# positions of the cursor's low-water mark (8 workers x batch 8 in flight).
+SUCC_HIT_WINDOW = 64
+# EWMA weight of one open in the confidence: 1/16 ~ two batches of 8 workers.
+SUCC_CONF_ALPHA = 1.0 / 16
+
+
+class SuccessorPredictor:
+    name = "successor"
+
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
+        self.tracker = EpochTracker()
+        self.rate = OpenRate()
+        self.cursor: OrderCursor | None = None
+        self.conf = 0.0
+        self.set_catalog(catalog)
+
+    def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
+        self.catalog = Catalog.of(entries)
+        self.tracker.set_catalog(self.catalog)
+
+    def observe(self, ev: Event) -> None:
+        if ev.op != "open":
+            self.tracker.observe(ev)
+            return
+        self.rate.observe_open(ev.t)
+        was = self.tracker.consumed(ev.path)
+        started = self.tracker.observe(ev)
+        if started:
+            self.cursor = OrderCursor(self.tracker.prev_order)
+        first = self.tracker.consumed(ev.path) and (started or not was)
+        if self.cursor is None or not first:
+            return          # re-read within the epoch, or the access that ended one
+        lo = self.cursor.lo
+        p = self.cursor.consume(ev.path)
+        hit = p is not None and p - lo < SUCC_HIT_WINDOW
+        self.conf += SUCC_CONF_ALPHA * ((1.0 if hit else 0.0) - self.conf)
+
+    def confidence(self) -> float:
+        return self.conf if self.cursor is not None and not self.cursor.done else 0.0
+
+    def predict(self, max_items: int) -> list[Prediction]:
+        c = self.cursor
+        if c is None or c.done or self.conf <= 0.0:
+            return []
+        order, cat, rate, conf = c.order, self.catalog, self.rate, self.conf
+        return [whole_file(cat, order[p], rate.eta(j + 1), conf, self.name)
+                for j, p in enumerate(c.upcoming(max_items))]
