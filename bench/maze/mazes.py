@@ -1,0 +1,270 @@
+"""Perfect mazes on small grids: generation, shortest paths, token serialization, checking.
+
+A maze is a spanning tree of the ``rows x cols`` grid graph (a *perfect* maze: every cell
+reachable, exactly one simple path between any two cells), drawn by a randomized
+depth-first search (the "recursive backtracker": long winding corridors, as in the
+maze-dataset literature). A *task* is a maze plus a start and a goal cell; its answer is
+the shortest (and, in a tree, the only simple) path, found by BFS.
+
+Token sequence of one task (one token per cell, so attention can find a cell by content)::
+
+    BOS ADJ_START  a b ;  a b ;  ...  ADJ_END  ORIGIN s  TARGET g  PATH_START p0 p1 ... pk PATH_END
+
+The edge list holds every open passage once (``a < b``), in an order shuffled from the
+task's own seed. For a perfect maze there are ``rows*cols - 1`` edges, so the prompt
+(everything up to and including PATH_START) has a fixed length for a given grid and a
+batch of prompts needs no padding. The loss is taken on ``p0 .. pk PATH_END`` only.
+
+Every random choice comes from ``random.Random(<str>)``, which CPython seeds through
+SHA-512, so the same seed gives the same mazes on every machine and Python 3 version.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+# ---- vocabulary -----------------------------------------------------------------------
+PAD = 0
+BOS = 1
+ADJ_START = 2
+ADJ_END = 3
+EDGE_SEP = 4
+ORIGIN = 5
+TARGET = 6
+PATH_START = 7
+PATH_END = 8
+N_SPECIAL = 16  # cell tokens start here; 9..15 are reserved for later format versions
+SPECIAL_NAMES = {PAD: "<pad>", BOS: "<bos>", ADJ_START: "<adj>", ADJ_END: "</adj>",
+                 EDGE_SEP: ";", ORIGIN: "<origin>", TARGET: "<target>",
+                 PATH_START: "<path>", PATH_END: "</path>"}
+
+# Splits get disjoint seed namespaces; eval tasks are also checked against training.
+TRAIN = "train"
+EVAL = "eval"
+
+
+def vocab_size(rows: int, cols: int) -> int:
+    return N_SPECIAL + rows * cols
+
+
+def cell_token(cell: int) -> int:
+    return N_SPECIAL + cell
+
+
+def token_cell(tok: int) -> int:
+    return tok - N_SPECIAL
+
+
+def prompt_length(rows: int, cols: int) -> int:
+    """BOS ADJ_START 3*(edges) ADJ_END ORIGIN s TARGET g PATH_START."""
+    return 2 + 3 * (rows * cols - 1) + 1 + 4 + 1
+
+
+def max_sequence_length(rows: int, cols: int) -> int:
+    return prompt_length(rows, cols) + rows * cols + 1
+
+
+@dataclass(frozen=True)
+class Maze:
+    rows: int
+    cols: int
+    edges: tuple[tuple[int, int], ...]  # open passages (a, b), a < b, in serialization order
+    start: int
+    goal: int
+
+    @property
+    def n_cells(self) -> int:
+        return self.rows * self.cols
+
+    def key(self) -> tuple:
+        """Identity of the task, independent of edge order (for disjointness checks)."""
+        return (self.rows, self.cols, tuple(sorted(self.edges)), self.start, self.goal)
+
+    def adjacency(self) -> list[set[int]]:
+        adj: list[set[int]] = [set() for _ in range(self.n_cells)]
+        for a, b in self.edges:
+            adj[a].add(b)
+            adj[b].add(a)
+        return adj
+
+
+def grid_neighbours(cell: int, rows: int, cols: int) -> list[int]:
+    r, c = divmod(cell, cols)
+    out = []
+    if r > 0:
+        out.append(cell - cols)
+    if r < rows - 1:
+        out.append(cell + cols)
+    if c > 0:
+        out.append(cell - 1)
+    if c < cols - 1:
+        out.append(cell + 1)
+    return out
+
+
+def generate(rows: int, cols: int, rng: random.Random) -> Maze:
+    """Randomized DFS spanning tree, random distinct start/goal, shuffled edge order."""
+    n = rows * cols
+    seen = [False] * n
+    first = rng.randrange(n)
+    seen[first] = True
+    stack = [first]
+    edges: list[tuple[int, int]] = []
+    while stack:
+        cur = stack[-1]
+        options = [x for x in grid_neighbours(cur, rows, cols) if not seen[x]]
+        if not options:
+            stack.pop()
+            continue
+        nxt = options[rng.randrange(len(options))]
+        seen[nxt] = True
+        edges.append((min(cur, nxt), max(cur, nxt)))
+        stack.append(nxt)
+    rng.shuffle(edges)
+    start = rng.randrange(n)
+    goal = rng.randrange(n - 1)
+    if goal >= start:
+        goal += 1
+    return Maze(rows, cols, tuple(edges), start, goal)
+
+
+def task_rng(seed: int, split: str, index: int) -> random.Random:
+    return random.Random(f"neuralcache-maze:{seed}:{split}:{index}")
+
+
+def make_task(seed: int, split: str, index: int, rows: int, cols: int) -> Maze:
+    return generate(rows, cols, task_rng(seed, split, index))
+
+
+def eval_set(rows: int, cols: int, seed: int = 1_000_003, n: int = 64) -> list[Maze]:
+    """The fixed evaluation tasks: their own seed *and* their own split namespace."""
+    return [make_task(seed, EVAL, i, rows, cols) for i in range(n)]
+
+
+def shortest_path(maze: Maze) -> list[int]:
+    adj = maze.adjacency()
+    prev = {maze.start: -1}
+    q = deque([maze.start])
+    while q:
+        cur = q.popleft()
+        if cur == maze.goal:
+            break
+        for nxt in sorted(adj[cur]):
+            if nxt not in prev:
+                prev[nxt] = cur
+                q.append(nxt)
+    if maze.goal not in prev:
+        raise ValueError("goal unreachable")
+    path = [maze.goal]
+    while path[-1] != maze.start:
+        path.append(prev[path[-1]])
+    return path[::-1]
+
+
+def is_perfect(maze: Maze) -> bool:
+    """Edges are grid-adjacent, no duplicates, n-1 of them, and they connect every cell."""
+    n = maze.n_cells
+    if len(set(maze.edges)) != len(maze.edges) or len(maze.edges) != n - 1:
+        return False
+    for a, b in maze.edges:
+        if not (0 <= a < b < n) or b not in grid_neighbours(a, maze.rows, maze.cols):
+            return False
+    adj = maze.adjacency()
+    seen = {0}
+    q = deque([0])
+    while q:
+        for nxt in adj[q.popleft()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                q.append(nxt)
+    return len(seen) == n  # connected with n-1 edges => a tree
+
+
+def check_path(maze: Maze, path: list[int]) -> str:
+    """'ok' for a valid walk start->goal through open passages, else the reason it fails.
+
+    A valid walk may still take detours; `is_solution` additionally demands the
+    shortest path (in a perfect maze: the only simple path).
+    """
+    if not path:
+        return "empty"
+    if any(not (0 <= c < maze.n_cells) for c in path):
+        return "not a cell"
+    if path[0] != maze.start:
+        return "does not begin at start"
+    adj = maze.adjacency()
+    for a, b in zip(path, path[1:]):
+        if b not in grid_neighbours(a, maze.rows, maze.cols):
+            return "jump"
+        if b not in adj[a]:
+            return "crosses a wall"
+    if path[-1] != maze.goal:
+        return "does not reach goal"
+    return "ok"
+
+
+def is_solution(maze: Maze, path: list[int]) -> bool:
+    return check_path(maze, path) == "ok" and path == shortest_path(maze)
+
+
+# ---- tokens ---------------------------------------------------------------------------
+def prompt_tokens(maze: Maze) -> list[int]:
+    toks = [BOS, ADJ_START]
+    for a, b in maze.edges:
+        toks += [cell_token(a), cell_token(b), EDGE_SEP]
+    toks += [ADJ_END, ORIGIN, cell_token(maze.start), TARGET, cell_token(maze.goal), PATH_START]
+    return toks
+
+
+def to_tokens(maze: Maze) -> list[int]:
+    return prompt_tokens(maze) + [cell_token(c) for c in shortest_path(maze)] + [PATH_END]
+
+
+def from_tokens(tokens: list[int], rows: int, cols: int) -> tuple[Maze, list[int]]:
+    """Parse a full sequence back into (maze, path); raises ValueError when malformed."""
+    t = list(tokens)
+    if t[:2] != [BOS, ADJ_START]:
+        raise ValueError("bad header")
+    i = 2
+    edges = []
+    while t[i] != ADJ_END:
+        a, b, sep = t[i:i + 3]
+        if sep != EDGE_SEP:
+            raise ValueError("bad edge")
+        edges.append((token_cell(a), token_cell(b)))
+        i += 3
+    i += 1
+    if t[i] != ORIGIN or t[i + 2] != TARGET or t[i + 4] != PATH_START:
+        raise ValueError("bad origin/target")
+    maze = Maze(rows, cols, tuple(edges), token_cell(t[i + 1]), token_cell(t[i + 3]))
+    path_toks = t[i + 5:]
+    if PATH_END in path_toks:
+        path_toks = path_toks[:path_toks.index(PATH_END)]
+    return maze, [token_cell(x) for x in path_toks]
+
+
+def decode_path(generated: list[int]) -> list[int]:
+    """Model output after PATH_START -> cells (stops at PATH_END; specials -> -1)."""
+    out = []
+    for tok in generated:
+        if tok == PATH_END:
+            break
+        out.append(token_cell(tok) if tok >= N_SPECIAL else -1)
+    return out
+
+
+def render(maze: Maze, path: list[int] | None = None) -> str:
+    """ASCII picture, for debugging and the README."""
+    adj = maze.adjacency()
+    on = set(path or [])
+    lines = ["+" + "---+" * maze.cols]
+    for r in range(maze.rows):
+        row, below = "|", "+"
+        for c in range(maze.cols):
+            cell = r * maze.cols + c
+            mark = "S" if cell == maze.start else "G" if cell == maze.goal else "*" if cell in on else " "
+            row += f" {mark} " + (" " if cell + 1 in adj[cell] and c < maze.cols - 1 else "|")
+            below += ("   " if cell + maze.cols in adj[cell] else "---") + "+"
+        lines += [row, below]
+    return "\n".join(lines)
