@@ -1,0 +1,201 @@
+"""S3 backend: any S3-compatible endpoint, credentials from the standard AWS chain
+(env vars, AWS_PROFILE, ~/.aws/config and credentials, instance metadata).
+
+botocore is blocking; callers run these methods in worker threads.  Retries are ours
+(``neuralcache.retry``), botocore's own are switched off so that one policy applies.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from typing import Iterator
+
+from .. import retry
+from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
+from .base import ObjectInfo, valid_key
+
+log = logging.getLogger(__name__)
+
+# Socket timeouts.  Connect: a WAN round trip is ~60 ms, so 5 s means the endpoint is
+# not there.  Read: the longest a healthy ranged GET of one block (8 MiB at >= 1 MB/s)
+# waits between packets; a stalled connection is abandoned after this and retried.
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 15.0
+# Threads listing directory prefixes in parallel at mount time (one round trip each).
+LIST_WORKERS = 16
+# Error codes that mean "try again" (AWS retry guidance plus throttling codes).
+_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
+                    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
+                    "ThrottlingException", "RequestLimitExceeded"}
+_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                 "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AccountProblem"}
+
+
+class S3Backend:
+    def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
+                 region: str | None = None, concurrency: int = 32):
+        import boto3
+        from botocore.config import Config
+
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.description = f"s3://{bucket}/{self.prefix}"
+        self.endpoint_url = endpoint_url
+        session = boto3.session.Session()
+        cfg = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                     retries={"max_attempts": 1, "mode": "standard"},
+                     max_pool_connections=concurrency + LIST_WORKERS,
+                     s3={"addressing_style": "path" if endpoint_url else "auto"},
+                     tcp_keepalive=True)
+        self._client = session.client("s3", endpoint_url=endpoint_url,
+                                       region_name=region or session.region_name or "us-east-1",
+                                       config=cfg)
+        self._lock = threading.Lock()
+        self.retries = 0  # transient failures retried (read by stats)
+
+    # -- error translation -------------------------------------------------------
+    def _classify(self, exc: BaseException, what: str) -> BaseException:
+        """Domain error for a botocore exception; Transient wraps retryable ones."""
+        from botocore import exceptions as bex
+
+        if isinstance(exc, bex.ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+            if code in ("NoSuchBucket",):
+                return NotFound(f"bucket {self.bucket!r} does not exist at "
+                                f"{self.endpoint_url or 'AWS'}")
+            if code in ("NoSuchKey", "404", "NotFound") or status == "404":
+                return NotFound(f"{what}: not found")
+            if code in ("PreconditionFailed", "412") or status == "412":
+                return VersionChanged(f"{what}: object changed on the remote")
+            if code in _DENIED_CODES or status == "403":
+                return PermissionDenied(f"{what}: access denied ({code}); check the "
+                                        "credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE)")
+            if code in _TRANSIENT_CODES or status.startswith("5"):
+                return retry.Transient(Unavailable(f"{what}: remote error {code}"))
+            return Unavailable(f"{what}: {code or status}: {err.get('Message', '')}")
+        if isinstance(exc, bex.NoCredentialsError):
+            return PermissionDenied("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
+                                    "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
+        if isinstance(exc, (bex.EndpointConnectionError, bex.ConnectTimeoutError)):
+            return retry.Transient(Unavailable(
+                f"{what}: cannot connect to {self.endpoint_url or 'S3'}"))
+        if isinstance(exc, (bex.ReadTimeoutError, bex.ConnectionClosedError,
+                            bex.ResponseStreamingError, bex.IncompleteReadError,
+                            bex.HTTPClientError, ConnectionError, TimeoutError, OSError)):
+            return retry.Transient(Unavailable(f"{what}: connection failed: {exc}"))
+        return Unavailable(f"{what}: {type(exc).__name__}: {exc}")
+
+    def _call(self, what: str, fn, *, attempts: int = retry.ATTEMPTS):
+        def attempt():
+            try:
+                return fn()
+            except (NotFound, PermissionDenied, Unavailable, VersionChanged):
+                raise
+            except retry.Transient:
+                raise
+            except Exception as exc:  # translated right here, nothing else escapes
+                mapped = self._classify(exc, what)
+                raise mapped from None
+
+        def on_retry(n, cause):
+            with self._lock:
+                self.retries += 1
+            log.debug("retry %d of %s: %s", n, what, cause)
+
+        return retry.with_retries(attempt, attempts=attempts, on_retry=on_retry)
+
+    # -- protocol ------------------------------------------------------------------
+    def check(self) -> None:
+        # Two quick attempts: a mount command should fail fast on a dead endpoint.
+        self._call(f"list s3://{self.bucket}",
+                   lambda: self._client.list_objects_v2(Bucket=self.bucket,
+                                                        Prefix=self.prefix, MaxKeys=1),
+                   attempts=2)
+
+    def _list_dir(self, prefix: str) -> tuple[list[ObjectInfo], list[str]]:
+        objs: list[ObjectInfo] = []
+        dirs: list[str] = []
+        token = None
+        while True:
+            kw = dict(Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000)
+            if token:
+                kw["ContinuationToken"] = token
+            resp = self._call(f"list s3://{self.bucket}/{prefix}",
+                              lambda kw=kw: self._client.list_objects_v2(**kw))
+            for o in resp.get("Contents", []):
+                key = o["Key"][len(self.prefix):]
+                if not key or key.endswith("/"):
+                    continue  # the prefix itself or a "directory marker" object
+                if not valid_key(key):
+                    log.warning("skipping key that cannot be a path: %r", o["Key"])
+                    continue
+                objs.append(ObjectInfo(key, int(o["Size"]), o.get("ETag", "").strip('"'),
+                                       o["LastModified"].timestamp()))
+            dirs.extend(p["Prefix"] for p in resp.get("CommonPrefixes", []))
+            if not resp.get("IsTruncated"):
+                return objs, dirs
+            token = resp["NextContinuationToken"]
+
+    def list_all(self) -> Iterator[ObjectInfo]:
+        """Breadth-first over '/'-delimited prefixes, LIST_WORKERS prefixes at a time."""
+        with ThreadPoolExecutor(LIST_WORKERS, thread_name_prefix="nc-list") as pool:
+            pending = {pool.submit(self._list_dir, self.prefix)}
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    objs, dirs = fut.result()
+                    yield from objs
+                    for d in dirs:
+                        pending.add(pool.submit(self._list_dir, d))
+
+    def stat(self, key: str) -> ObjectInfo:
+        full = self.prefix + key
+        r = self._call(f"stat {key}", lambda: self._client.head_object(Bucket=self.bucket,
+                                                                        Key=full))
+        return ObjectInfo(key, int(r["ContentLength"]), r.get("ETag", "").strip('"'),
+                          r["LastModified"].timestamp())
+
+    def read(self, key: str, offset: int, length: int, version: str) -> bytes:
+        if length <= 0:
+            return b""
+        full = self.prefix + key
+        rng = f"bytes={offset}-{offset + length - 1}"
+
+        def get():
+            kw = dict(Bucket=self.bucket, Key=full, Range=rng)
+            if version:
+                kw["IfMatch"] = f'"{version}"'
+            resp = self._client.get_object(**kw)
+            body = resp["Body"]
+            try:
+                data = body.read()
+            finally:
+                body.close()
+            if len(data) != length:  # callers clamp length to the pinned size
+                raise ConnectionError(f"short read: {len(data)} of {length} bytes")
+            return data
+
+        return self._call(f"read {key}@{offset}+{length}", get)
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except Exception:  # closing is best effort
+            pass
+
+
+def describe_check_error(exc: Exception, source: str, endpoint: str | None) -> UserError:
+    """One-line, actionable message for a failed mount-time check."""
+    where = endpoint or "AWS S3"
+    if isinstance(exc, Unavailable):
+        return UserError(f"cannot reach {where} for {source}: {exc}; check --endpoint-url "
+                         "and the network")
+    if isinstance(exc, NotFound):
+        return UserError(f"{exc}; check the bucket name in {source}")
+    if isinstance(exc, PermissionDenied):
+        return UserError(f"access to {source} denied: {exc}")
+    return UserError(f"cannot use {source}: {exc}")

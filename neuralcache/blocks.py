@@ -1,0 +1,292 @@
+"""BlockStore: where a read gets its blocks.  Memory tier, then disk tier, then one
+single-flight fetch from the backend; fetched blocks are written to the disk tier in
+the background.  The only path from the read side to the backend.
+
+Concurrency invariants (see DEVELOPING.md):
+* every call here runs on the trio loop; blocking work (backend, disk) runs in worker
+  threads with their own limiters;
+* at most one load per block is in flight (``_flights``); later callers wait on it;
+* backend requests go through one PriorityLimiter: demand first, and ``reserved`` slots
+  that speculative work may not take;
+* speculative (read-ahead / prefetch) loads never raise to anyone but a demand reader
+  that joined them, and that reader gets the same domain error it would have got.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import lru
+import trio
+
+from . import limiter as lim
+from .cache import BlockKey, DiskTier, MemoryTier
+from .errors import BackendError, Unavailable
+from .stats import Stats
+
+log = logging.getLogger(__name__)
+
+# Ranged GET size.  AWS's guidance for S3 throughput is 8-16 MB per ranged GET; 8 MiB
+# keeps time-to-first-byte of a cold block low (8 MiB at 200 MB/s is 40 ms, less than
+# the 60 ms round trip it rides on).
+DEFAULT_BLOCK_SIZE = 8 << 20
+# Backend requests in flight.  Little's law: bytes in flight = throughput x latency;
+# 300 MB/s x 60 ms = 18 MB, i.e. 3 blocks of 8 MiB for one stream, but small files
+# (100 KB samples) need ~32 requests in flight for 50 MB/s; 32 covers both.
+DEFAULT_CONCURRENCY = 32
+# Slots only demand reads may use, so that speculative work never blocks a reader.
+DEFAULT_RESERVED_FOR_DEMAND = 4
+# A demand read gives up (EIO) after this long; the backend retries inside it.
+DEMAND_DEADLINE_S = 60.0
+# Pending background disk writes; past this, fetched blocks are served but not cached
+# (disk slower than the link), which costs a refetch later, never a reader's time.
+DISK_WRITE_QUEUE = 64
+# Disk-tier worker threads (reads and writes).
+DISK_THREADS = 8
+# Speculatively fetched blocks remembered, to count whether they were used.
+SPECULATIVE_MEMORY = 1 << 16
+
+
+@dataclass(frozen=True, slots=True)
+class Pinned:
+    """One version of one object, as pinned by an open file handle."""
+    key: str
+    version: str
+    size: int
+
+
+class _Flight:
+    __slots__ = ("done", "data", "error", "ticket", "kind", "remote", "joined")
+
+    def __init__(self, kind: int):
+        self.done = trio.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+        self.ticket: lim.Ticket | None = None
+        self.kind = kind
+        self.remote = False   # True once the data came from the backend
+        self.joined = kind == lim.DEMAND   # a demand reader waits for this load
+
+
+class BlockStore:
+    def __init__(self, backend, mem: MemoryTier, disk: DiskTier | None, stats: Stats, *,
+                 block_size: int = DEFAULT_BLOCK_SIZE,
+                 concurrency: int = DEFAULT_CONCURRENCY,
+                 reserved: int = DEFAULT_RESERVED_FOR_DEMAND):
+        self.backend = backend
+        self.mem = mem
+        self.disk = disk
+        self.stats = stats
+        self.block_size = block_size
+        self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1))
+        self._backend_threads = trio.CapacityLimiter(concurrency)
+        self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
+        self._flights: dict[BlockKey, _Flight] = {}
+        # BlockKey -> (kind, bytes) of speculative blocks not yet read by anyone
+        self._speculative = lru.LRU(SPECULATIVE_MEMORY, callback=self._spec_dropped)
+        self.spec_unread = 0      # bytes in _speculative
+        self.spec_inflight = 0    # bytes of speculative loads in flight
+        self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE)
+        self._nursery: trio.Nursery | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Background work (disk writes, speculative loads); runs until cancelled."""
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            for _ in range(2):
+                n.start_soon(self._disk_writer)
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _disk_writer(self) -> None:
+        async for bk, data in self._recv:
+            try:
+                await trio.to_thread.run_sync(self.disk.put, bk, data,
+                                              limiter=self._disk_threads)
+            except Exception:  # a cache failure is never a reader's failure
+                log.exception("disk cache write failed")
+
+    # -- geometry --------------------------------------------------------------------
+    def nblocks(self, obj: Pinned) -> int:
+        return max(1, math.ceil(obj.size / self.block_size)) if obj.size else 0
+
+    def block_range(self, obj: Pinned, index: int) -> tuple[int, int]:
+        off = index * self.block_size
+        return off, max(0, min(self.block_size, obj.size - off))
+
+    def cached(self, obj: Pinned, index: int) -> bool:
+        bk = BlockKey(obj.key, obj.version, index)
+        return (self.mem.get(bk) is not None or bk in self._flights
+                or (self.disk is not None and self.disk.contains(bk)))
+
+    # -- reads ---------------------------------------------------------------------
+    async def read(self, obj: Pinned, off: int, size: int) -> bytes:
+        """Bytes [off, off+size) of ``obj`` (short at end of object): demand read."""
+        end = min(obj.size, off + size)
+        if off >= end:
+            return b""
+        first, last = off // self.block_size, (end - 1) // self.block_size
+        base = first * self.block_size
+        if first == last:
+            data, hit = await self.get(obj, first)
+            out = data[off - base:end - base]
+        else:
+            parts: list[bytes] = [b""] * (last - first + 1)
+            hits = [False] * (last - first + 1)
+
+            async def one(i: int) -> None:
+                parts[i - first], hits[i - first] = await self.get(obj, i)
+
+            async with trio.open_nursery() as n:
+                for i in range(first, last + 1):
+                    n.start_soon(one, i)
+            hit = all(hits)
+            out = b"".join(parts)[off - base:end - base]
+        if hit:
+            self.stats.demand_hit_bytes += len(out)
+        return out
+
+    async def get(self, obj: Pinned, index: int) -> tuple[bytes, bool]:
+        """One block for a demand reader and whether it was served without waiting on
+        the remote; raises a domain error on failure."""
+        bk = BlockKey(obj.key, obj.version, index)
+        st = self.stats
+        data = self.mem.get(bk)
+        if data is not None:
+            st.mem_hits += 1
+            st.demand_hit_blocks += 1
+            self._used_speculative(bk, len(data))
+            return data, True
+        st.mem_misses += 1
+        flight = self._flights.get(bk)
+        if flight is not None:
+            st.singleflight_joins += 1
+            flight.joined = True
+            if flight.ticket is not None:
+                self.limiter.raise_priority(flight.ticket, lim.DEMAND)
+        else:
+            flight = self._start(bk, obj, lim.DEMAND)
+        with trio.move_on_after(DEMAND_DEADLINE_S) as scope:
+            await flight.done.wait()
+        if scope.cancelled_caught:
+            raise Unavailable(f"{obj.key}: no answer from the remote within "
+                              f"{DEMAND_DEADLINE_S:.0f} s")
+        if flight.error is not None:
+            raise flight.error
+        assert flight.data is not None
+        self._used_speculative(bk, len(flight.data))
+        return flight.data, not flight.remote
+
+    def _used_speculative(self, bk: BlockKey, n: int) -> None:
+        entry = self._speculative.pop(bk, None)
+        if entry is None:
+            return
+        kind, size = entry
+        self.spec_unread -= size
+        if kind == lim.READAHEAD:
+            self.stats.readahead_bytes_used += n
+        elif kind == lim.PREFETCH:
+            self.stats.prefetch_bytes_used += n
+
+    def _spec_dropped(self, bk: BlockKey, entry) -> None:
+        self.spec_unread -= entry[1]
+
+    def speculative_inflight_bytes(self) -> int:
+        return self.spec_inflight
+
+    def speculative_unread_bytes(self) -> int:
+        return self.spec_unread
+
+    def forget_speculative(self) -> None:
+        """Stop counting unread speculative blocks (e.g. the hint order changed)."""
+        self._speculative.clear()
+        self.spec_unread = 0
+
+    def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD) -> bool:
+        """Start loading a block speculatively unless present; True if started."""
+        if self._nursery is None or index < 0 or index >= self.nblocks(obj):
+            return False
+        bk = BlockKey(obj.key, obj.version, index)
+        if bk in self._flights or self.mem.get(bk) is not None:
+            return False
+        self._start(bk, obj, kind)
+        return True
+
+    # -- loading ---------------------------------------------------------------------
+    def _start(self, bk: BlockKey, obj: Pinned, kind: int) -> _Flight:
+        flight = _Flight(kind)
+        self._flights[bk] = flight
+        assert self._nursery is not None, "BlockStore.run() is not running"
+        self._nursery.start_soon(self._load, bk, obj, flight)
+        return flight
+
+    async def _load(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> None:
+        spec = self.block_range(obj, bk.index)[1] if flight.kind != lim.DEMAND else 0
+        self.spec_inflight += spec
+        try:
+            flight.data = await self._load_inner(bk, obj, flight)
+        except BackendError as exc:
+            flight.error = exc
+        except Exception as exc:  # a bug must fail one read, not the daemon
+            log.exception("unexpected error loading %s block %d", bk.key, bk.index)
+            flight.error = Unavailable(f"{bk.key}: internal error: {exc}")
+        finally:
+            self.spec_inflight -= spec
+            self._flights.pop(bk, None)
+            flight.done.set()
+
+    async def _load_inner(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> bytes:
+        st = self.stats
+        if self.disk is not None and self.disk.contains(bk):
+            data = await trio.to_thread.run_sync(self.disk.get, bk,
+                                                 limiter=self._disk_threads)
+            if data is not None:
+                if flight.kind == lim.DEMAND:
+                    st.disk_hits += 1
+                    st.demand_hit_blocks += 1
+                self.mem.put(bk, data)
+                return data
+        if flight.kind == lim.DEMAND:
+            st.disk_misses += 1
+        off, length = self.block_range(obj, bk.index)
+        flight.ticket = self.limiter.ticket(lim.DEMAND if flight.joined else flight.kind)
+        await self.limiter.acquire(flight.ticket)
+        t0 = time.monotonic()
+        try:
+            data = await trio.to_thread.run_sync(
+                self.backend.read, obj.key, off, length, obj.version,
+                limiter=self._backend_threads, abandon_on_cancel=True)
+        except BackendError:
+            st.record_backend(time.monotonic() - t0, 0, ok=False)
+            raise
+        finally:
+            self.limiter.release()
+        st.record_backend(time.monotonic() - t0, len(data), ok=True)
+        flight.remote = True
+        if flight.kind != lim.DEMAND:
+            if flight.kind == lim.READAHEAD:
+                st.readahead_bytes_fetched += len(data)
+            else:
+                st.prefetch_bytes_fetched += len(data)
+            if not flight.joined:                     # no reader joined while loading
+                self._speculative[bk] = (flight.kind, len(data))
+                self.spec_unread += len(data)
+            elif flight.kind == lim.READAHEAD:          # joined: used, but late
+                st.readahead_bytes_used += len(data)
+            else:
+                st.prefetch_bytes_used += len(data)
+        self.mem.put(bk, data)
+        if self.disk is not None:
+            try:
+                self._send.send_nowait((bk, data))
+            except trio.WouldBlock:
+                log.debug("disk write queue full; %s block %d not cached", bk.key, bk.index)
+        return data
+
+    def latency_estimate(self) -> float:
+        """Median backend latency of recent block fetches (seconds), for Little's law."""
+        lat = sorted(self.stats.latencies)
+        return lat[len(lat) // 2] if lat else 0.06

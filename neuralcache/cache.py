@@ -1,0 +1,273 @@
+"""Two-tier block cache: a memory tier (lru-dict, bounded in bytes) over a persistent
+disk tier (one file per block, bounded in bytes).
+
+A block is identified by ``BlockKey(key, version, index)``: the object's path, its
+version (ETag, or size:mtime for POSIX) and the block number, so a changed remote
+object can never be served a stale block.
+
+Disk format (``CACHE_DIR/blocks/XY/<xxh128 of the block key>``)::
+
+    magic b"NCB1" | u32 reserved | u64 data length | u64 xxh3_64(data) | u64 reserved | data
+
+Writes go to ``*.tmp`` then ``os.replace`` (atomic), so a crash leaves either a whole
+block or a tmp file that the next start deletes.  Every read verifies length and
+checksum; a bad block is deleted and reported as a miss.  Any OSError is a miss plus a
+log line (at most one warning per kind of failure), never an error to the reader.
+
+The disk tier is synchronous; callers run it in worker threads.  Its in-memory index
+(name -> size, in LRU order) is rebuilt on start by scanning the 256 sub-directories,
+which takes well under a second for 100k blocks (tests/test_cache.py measures it).
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import os
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import lru
+import xxhash
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct("<4sIQQQ")
+_MAGIC = b"NCB1"
+# Memory tier entry cap for lru-dict (it bounds by count); the byte bound is ours.
+_MEM_MAX_ENTRIES = 1 << 20
+# How many least-recently-used disk blocks the eviction policy looks at to choose a
+# victim when an eviction ranking is set (epoch-aware eviction): a small window keeps
+# eviction O(1) while letting "consumed this epoch" blocks go first.
+EVICT_SCAN = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BlockKey:
+    key: str
+    version: str
+    index: int
+
+    def name(self) -> str:
+        h = xxhash.xxh3_128_hexdigest(f"{self.key}\0{self.version}\0{self.index}".encode(
+            "utf-8", "surrogateescape"))
+        return h
+
+
+class MemoryTier:
+    """LRU of block bytes, bounded by total bytes.  Not thread-safe: trio loop only."""
+
+    def __init__(self, limit_bytes: int):
+        self.limit = limit_bytes
+        self.used = 0
+        self._lru = lru.LRU(_MEM_MAX_ENTRIES)
+
+    def get(self, bk: BlockKey) -> bytes | None:
+        return self._lru.get(bk)
+
+    def put(self, bk: BlockKey, data: bytes) -> None:
+        if len(data) > self.limit:
+            return
+        old = self._lru.get(bk)
+        if old is not None:
+            self.used -= len(old)
+        self._lru[bk] = data
+        self.used += len(data)
+        while self.used > self.limit and len(self._lru):
+            _, victim = self._lru.popitem(least_recent=True)
+            self.used -= len(victim)
+
+    def drop(self, bk: BlockKey) -> None:
+        old = self._lru.pop(bk, None)
+        if old is not None:
+            self.used -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+
+class DiskTier:
+    """Block files under ``root/blocks``; thread-safe (a lock guards the index)."""
+
+    def __init__(self, root: str, limit_bytes: int):
+        self.root = os.path.join(root, "blocks")
+        self.limit = limit_bytes
+        self.used = 0
+        self._index: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._owner: dict[str, str] = {}   # block name -> object key (known this run)
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self.writable = True
+        # Set by the daemon for epoch-aware eviction: object key -> rank (lower is
+        # evicted first); None means plain LRU.
+        self.evict_rank: Callable[[str], float] | None = None
+        self.corrupt_blocks = 0
+        self.write_errors = 0
+
+    # -- start-up ---------------------------------------------------------------
+    def load(self) -> int:
+        """Create the directory (0700), delete partial writes, index existing blocks.
+        Returns the number of blocks indexed."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        os.chmod(os.path.dirname(self.root), 0o700)
+        entries = []
+        for sub in os.scandir(self.root):
+            if not sub.is_dir():
+                continue
+            for de in os.scandir(sub.path):
+                if de.name.endswith(".tmp"):
+                    _unlink(de.path)
+                    continue
+                try:
+                    st = de.stat()
+                except OSError:
+                    continue
+                entries.append((st.st_mtime, de.name, st.st_size - _HEADER.size))
+        entries.sort()
+        with self._lock:
+            for _, name, size in entries:
+                self._index[name] = size
+                self.used += size
+        self._evict_to(self.limit)
+        return len(entries)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, name[:2], name)
+
+    def _warn(self, kind: str, msg: str, *args) -> None:
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning(msg, *args)
+        else:
+            log.debug(msg, *args)
+
+    # -- lookups ------------------------------------------------------------------
+    def contains(self, bk: BlockKey) -> bool:
+        with self._lock:
+            return bk.name() in self._index
+
+    def get(self, bk: BlockKey) -> bytes | None:
+        name = bk.name()
+        with self._lock:
+            if name not in self._index:
+                return None
+            self._index.move_to_end(name)
+            self._owner[name] = bk.key
+        path = self._path(name)
+        try:
+            with open(path, "rb") as f:
+                raw = f.read()
+        except OSError as exc:
+            self._warn("read", "disk cache read failed (%s); treating as a miss", exc)
+            self._forget(name)
+            return None
+        if len(raw) < _HEADER.size:
+            return self._corrupt(name, path, "short header")
+        magic, _, length, digest, _ = _HEADER.unpack_from(raw)
+        data = raw[_HEADER.size:]
+        if magic != _MAGIC or length != len(data) or xxhash.xxh3_64_intdigest(data) != digest:
+            return self._corrupt(name, path, "checksum mismatch")
+        return data
+
+    def _corrupt(self, name: str, path: str, why: str) -> None:
+        self.corrupt_blocks += 1
+        log.warning("disk cache block %s is corrupt (%s): dropped, will refetch", name, why)
+        _unlink(path)
+        self._forget(name)
+        return None
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            size = self._index.pop(name, None)
+            self._owner.pop(name, None)
+            if size is not None:
+                self.used -= size
+
+    # -- writes ---------------------------------------------------------------------
+    def put(self, bk: BlockKey, data: bytes) -> bool:
+        """Store a block; False (and a log line) if it could not be stored."""
+        if len(data) > self.limit:
+            return False
+        name = bk.name()
+        with self._lock:
+            if name in self._index:
+                return True
+        self._evict_to(self.limit - len(data))
+        path = self._path(name)
+        tmp = f"{path}.{threading.get_ident()}.tmp"
+        header = _HEADER.pack(_MAGIC, 0, len(data), xxhash.xxh3_64_intdigest(data), 0)
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(header)
+                    f.write(data)
+            except BaseException:
+                _unlink(tmp)
+                raise
+            os.replace(tmp, path)
+        except OSError as exc:
+            self.write_errors += 1
+            self.writable = False
+            kind = "enospc" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "write"
+            self._warn(kind, "disk cache write failed (%s); reading through without "
+                       "caching until writes succeed again", exc)
+            return False
+        if not self.writable:
+            log.warning("disk cache writes succeed again")
+            self._warned.discard("enospc")
+            self._warned.discard("write")
+        self.writable = True
+        with self._lock:
+            if name not in self._index:
+                self._index[name] = len(data)
+                self.used += len(data)
+            self._owner[name] = bk.key
+        return True
+
+    def _pick_victim(self) -> str | None:
+        if not self._index:
+            return None
+        rank = self.evict_rank
+        if rank is None:
+            return next(iter(self._index))
+        best, best_rank = None, None
+        for i, name in enumerate(self._index):
+            if i >= EVICT_SCAN:
+                break
+            owner = self._owner.get(name)
+            r = rank(owner) if owner is not None else float("-inf")
+            if best is None or r < best_rank:
+                best, best_rank = name, r
+        return best
+
+    def _evict_to(self, target: int) -> None:
+        while True:
+            with self._lock:
+                if self.used <= target:
+                    return
+                name = self._pick_victim()
+                if name is None:
+                    return
+                size = self._index.pop(name)
+                self._owner.pop(name, None)
+                self.used -= size
+            _unlink(self._path(name))
+
+    def drop(self, bk: BlockKey) -> None:
+        name = bk.name()
+        self._forget(name)
+        _unlink(self._path(name))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,327 @@
+"""The `neuralcache` command: mount, umount, stats, trace.
+
+One function per subcommand; ``main(argv=None)``.  UserError prints one line (no
+traceback) and exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+from . import __version__, control, mounts
+from .config import OPTIONS, MountConfig, parse_o_options
+from .errors import UserError
+from .sizes import format_size
+
+READY_FD_ENV = "NEURALCACHE_READY_FD"
+# How long `mount` waits for the background daemon to list the source and mount.
+# Listing 1M objects at 1000 per page and 16 prefixes in parallel takes ~1 min at
+# 60 ms; 600 s leaves room for much larger buckets.
+MOUNT_WAIT_S = 600.0
+# How long `umount` waits for the daemon to exit after the unmount (flushes nothing:
+# cache writes are atomic, so this only bounds the wait for a tidy exit).
+UMOUNT_WAIT_S = 30.0
+
+log = logging.getLogger("neuralcache")
+
+
+# -- mount ----------------------------------------------------------------------------
+def _add_mount_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="s3://BUCKET[/PREFIX] or a directory (e.g. an NFS mount)")
+    p.add_argument("mountpoint", help="an existing empty directory")
+    for name, (_, help_text) in OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if name in ("readahead", "prefetch"):
+            p.add_argument(flag, metavar="on|off", help=help_text)
+        elif name in ("allow_other", "debug"):
+            p.add_argument(flag, action="store_true", default=None, help=help_text)
+        else:
+            p.add_argument(flag, metavar=name.upper().split("_")[-1], help=help_text)
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay attached and log to stderr (default: return once mounted)")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
+                   help="mount(8)-style options key=value,...: any option above with "
+                        "underscores (e.g. -o cache_size=10G,readahead=off)")
+
+
+def build_config(args: argparse.Namespace) -> MountConfig:
+    cfg = MountConfig(source=args.source, mountpoint=args.mountpoint,
+                      foreground=args.foreground)
+    values: dict[str, object] = {}
+    for text in args.options:
+        values.update(parse_o_options(text))
+    for name, (parser, _) in OPTIONS.items():
+        v = getattr(args, name, None)
+        if v is not None:
+            values[name] = parser(v)
+    for k, v in values.items():
+        setattr(cfg, k, v)
+    if not cfg.source.startswith("s3://"):
+        cfg.source = os.path.abspath(cfg.source)
+    if cfg.memory_cache_size < cfg.block_size:
+        raise UserError(f"--memory-cache-size must be at least the block size "
+                        f"({format_size(cfg.block_size)})")
+    if cfg.cache_size < cfg.block_size:
+        raise UserError(f"--cache-size must be at least the block size "
+                        f"({format_size(cfg.block_size)})")
+    if cfg.block_size < 64 << 10 or cfg.block_size > 64 << 20:
+        raise UserError("--block-size must be between 64K and 64M")
+    if cfg.endpoint_url is None and os.environ.get("AWS_ENDPOINT_URL"):
+        cfg.endpoint_url = os.environ["AWS_ENDPOINT_URL"]
+    return cfg
+
+
+def _setup_logging(cfg: MountConfig, to_file: str | None) -> None:
+    level = logging.DEBUG if cfg.debug else logging.INFO
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    root = logging.getLogger()
+    root.handlers.clear()
+    if to_file:
+        os.makedirs(os.path.dirname(to_file) or ".", mode=0o700, exist_ok=True)
+        h: logging.Handler = logging.FileHandler(to_file)
+    else:
+        h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter(fmt))
+    root.addHandler(h)
+    root.setLevel(level)
+    # botocore at DEBUG logs signed requests; keep it out of our logs.
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    cfg = build_config(args)
+    ready_fd = os.environ.pop(READY_FD_ENV, None)
+    if cfg.foreground or ready_fd is not None:
+        return _mount_here(cfg, int(ready_fd) if ready_fd else None)
+    return _mount_background(cfg, args.argv)
+
+
+def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
+    from .daemon import serve   # imports pyfuse3: only when mounting
+
+    log_file = None
+    if ready_fd is not None:
+        log_file = cfg.log_file or os.path.join(cfg.cache_dir, "neuralcache.log")
+    _setup_logging(cfg, log_file)
+
+    def report(line: str) -> None:
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, (line + "\n").encode())
+                os.close(ready_fd)
+            except OSError:
+                pass
+
+    def on_ready(_):
+        if ready_fd is None:
+            print(f"neuralcache: serving {cfg.source} on {os.path.abspath(cfg.mountpoint)}"
+                  " (Ctrl-C to unmount)", file=sys.stderr, flush=True)
+        report("READY")
+
+    try:
+        serve(cfg, on_ready)
+    except UserError as exc:
+        log.error("%s", exc)
+        report(f"ERROR {exc}")
+        raise
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:  # a bug: keep the traceback in the log, one line out
+        log.exception("daemon failed")
+        report(f"ERROR internal error: {type(exc).__name__}: {exc} (see the log)")
+        raise UserError(f"internal error: {type(exc).__name__}: {exc}") from None
+    return 0
+
+
+def _mount_background(cfg: MountConfig, cfg_argv: list[str]) -> int:
+    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
+    r, w = os.pipe()
+    env = dict(os.environ, **{READY_FD_ENV: str(w)})
+    argv = [sys.executable, "-m", "neuralcache"] + cfg_argv
+    with open(os.devnull, "rb") as devnull:
+        proc = subprocess.Popen(argv, env=env, pass_fds=(w,), stdin=devnull,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True, close_fds=True)
+    os.close(w)
+    line = b""
+    deadline = time.monotonic() + MOUNT_WAIT_S
+    with os.fdopen(r, "rb") as pipe:
+        line = pipe.readline()   # EOF if the child dies
+    if line.startswith(b"READY"):
+        print(f"neuralcache: mounted {cfg.source} on {os.path.abspath(cfg.mountpoint)}")
+        return 0
+    if line.startswith(b"ERROR "):
+        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        raise UserError(line[6:].decode(errors="replace").strip())
+    rc = proc.wait()
+    log_file = cfg.log_file or os.path.join(cfg.cache_dir, "neuralcache.log")
+    raise UserError(f"the daemon exited (status {rc}) before the mount was ready; "
+                    f"see {log_file}")
+
+
+# -- umount ----------------------------------------------------------------------------
+def _daemon_pid(mp: str) -> int | None:
+    try:
+        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+            return int(json.load(f)["pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    mp = os.path.abspath(args.mountpoint)
+    entry = mounts.find_mount(mp)
+    if entry is None:
+        raise UserError(f"{mp} is not mounted")
+    if entry.fstype != mounts.FSTYPE:
+        raise UserError(f"{mp} is not a NeuralCache mount (it is {entry.fstype} "
+                        f"{entry.source}); use umount(8)")
+    pid = _daemon_pid(mp)
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mp] if tool else \
+        ["umount"] + (["-l"] if args.lazy else []) + [mp]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        msg = (res.stderr or res.stdout).strip()
+        if "busy" in msg.lower():
+            raise UserError(f"{mp} is busy: close the files and shells using it "
+                            "(see `fuser -vm {mp}`), or use --lazy")
+        raise UserError(f"unmounting {mp} failed: {msg}")
+    if pid:
+        deadline = time.monotonic() + UMOUNT_WAIT_S
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+    print(f"neuralcache: unmounted {mp}")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+# -- stats / trace -----------------------------------------------------------------------
+def read_stats(mp: str) -> dict:
+    entry = mounts.find_mount(os.path.abspath(mp))
+    if entry is None or entry.fstype != mounts.FSTYPE:
+        raise UserError(f"{mp} is not a NeuralCache mount")
+    try:
+        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+            return json.load(f)
+    except OSError as exc:
+        raise UserError(f"cannot read stats of {mp}: {exc.strerror} (is the daemon "
+                        f"running? `neuralcache umount {mp}` cleans up a dead mount)") from None
+
+
+def format_stats(s: dict) -> str:
+    lat = s.get("backend_latency_ms", {})
+    rows = [
+        ("source", s.get("source", "")),
+        ("served", format_size(s["bytes_served"])),
+        ("fetched from remote", format_size(s["bytes_fetched"])),
+        ("hit rate (bytes)", f"{s['hit_rate']:.1%}"),
+        ("memory hits / misses", f"{s['mem_hits']} / {s['mem_misses']}"),
+        ("disk hits / misses", f"{s['disk_hits']} / {s['disk_misses']}"),
+        ("read-ahead used / fetched", f"{format_size(s['readahead_bytes_used'])} / "
+                                      f"{format_size(s['readahead_bytes_fetched'])}"),
+        ("prefetch used / fetched", f"{format_size(s['prefetch_bytes_used'])} / "
+                                    f"{format_size(s['prefetch_bytes_fetched'])}"),
+        ("prefetch precision", f"{s['prefetch_precision']:.1%}"),
+        ("backend requests", f"{s['backend_requests']} ({s['backend_errors']} errors, "
+                             f"{s['backend_retries']} retries)"),
+        ("backend latency p50/p90/p99", f"{lat.get('p50', 0)} / {lat.get('p90', 0)} / "
+                                        f"{lat.get('p99', 0)} ms"),
+        ("disk cache", f"{format_size(s['cache_disk_bytes'])} of "
+                       f"{format_size(s['cache_disk_limit'])} "
+                       f"({s['cache_disk_blocks']} blocks)"),
+        ("memory cache", f"{format_size(s['cache_mem_bytes'])} of "
+                         f"{format_size(s['cache_mem_limit'])}"),
+        ("uptime", f"{s['uptime_s']:.0f} s"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    s = read_stats(args.mountpoint)
+    print(json.dumps(s, indent=2) if args.json else format_stats(s))
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    read_stats(args.mountpoint)   # checks it is a live NeuralCache mount
+    with open(os.path.join(args.mountpoint, control.DIRNAME, "trace"), "rb") as f:
+        data = f.read()
+    if args.out == "-":
+        sys.stdout.buffer.write(data)
+    else:
+        with open(args.out, "wb") as f:
+            f.write(data)
+        n = data.count(b"\n")
+        print(f"neuralcache: wrote {n} events to {args.out}")
+    return 0
+
+
+# -- entry point -------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="neuralcache",
+        description="Predictive read-ahead caching FUSE filesystem for ML training data "
+                    "held in S3 or on a POSIX share.")
+    p.add_argument("--version", action="version", version=f"neuralcache {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    m = sub.add_parser("mount", help="mount a bucket or directory (returns once serving)",
+                       description="Mount SOURCE read-only on MOUNTPOINT through the cache.")
+    _add_mount_args(m)
+    m.set_defaults(func=cmd_mount)
+    u = sub.add_parser("umount", help="unmount a NeuralCache mount",
+                       description="Unmount and wait for the daemon to exit.")
+    u.add_argument("mountpoint")
+    u.add_argument("-z", "--lazy", action="store_true",
+                   help="detach now even if files are open (umount -l)")
+    u.set_defaults(func=cmd_umount)
+    s = sub.add_parser("stats", help="print live counters of a mount")
+    s.add_argument("mountpoint")
+    s.add_argument("--json", action="store_true", help="machine-readable (keys in README)")
+    s.set_defaults(func=cmd_stats)
+    t = sub.add_parser("trace", help="dump the access trace of a mount (JSON Lines)")
+    t.add_argument("mountpoint")
+    t.add_argument("--out", required=True, help="output file, or - for stdout")
+    t.set_defaults(func=cmd_trace)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"neuralcache: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

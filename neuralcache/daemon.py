@@ -1,0 +1,242 @@
+"""The daemon: wires backend, namespace, caches, prefetcher and the FUSE edge, mounts,
+serves until unmounted or signalled, then unmounts cleanly.
+
+``serve(cfg, on_ready)`` is the only entry point; the CLI runs it in the foreground or
+in a detached child that reports readiness over a pipe (see cli.py).  Readiness is also
+sent to systemd (``READY=1`` on $NOTIFY_SOCKET) when run as a Type=notify service.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import time
+
+import pyfuse3
+import trio
+import xxhash
+
+from . import control, mounts
+from .backends import open_backend
+from .backends.s3 import describe_check_error
+from .blocks import BlockStore
+from .cache import DiskTier, MemoryTier
+from .config import MountConfig
+from .errors import BackendError, UserError
+from .fuse_ops import Operations
+from .namespace import Namespace
+from .prefetch import HintQueue, Prefetcher
+from .stats import Stats
+from .trace import TraceRing
+
+log = logging.getLogger(__name__)
+
+# Prefetched-but-unread bytes allowed, as a fraction of the memory tier: half keeps
+# room for the blocks readers are consuming now (prefetch never evicts sooner data).
+PREFETCH_BUDGET_FRACTION = 0.5
+
+
+def check_mountpoint(path: str) -> str:
+    mp = os.path.abspath(path)
+    if not os.path.exists(mp):
+        raise UserError(f"mountpoint {mp} does not exist: create it with mkdir -p {mp}")
+    if not os.path.isdir(mp):
+        raise UserError(f"mountpoint {mp} is not a directory")
+    if mounts.find_mount(mp) is not None:
+        e = mounts.find_mount(mp)
+        raise UserError(f"mountpoint {mp} is busy: {e.fstype} {e.source} is mounted there; "
+                        f"unmount it first (neuralcache umount {mp})")
+    return mp
+
+
+def cache_subdir(cfg: MountConfig) -> str:
+    """One directory per source (and endpoint), so mounts of different sources can
+    share --cache-dir without mixing blocks."""
+    tag = xxhash.xxh64_hexdigest(f"{cfg.source}\0{cfg.endpoint_url or ''}".encode())
+    return os.path.join(cfg.cache_dir, tag)
+
+
+def _lock_cache(path: str) -> int:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    fd = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UserError(f"cache directory {path} is in use by another NeuralCache mount "
+                        "of the same source; give this mount its own --cache-dir") from None
+    return fd
+
+
+def sd_notify(msg: str) -> None:
+    """Tell systemd (Type=notify) about our state; no-op outside systemd."""
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            s.sendall(msg.encode())
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+def _fuse_options(cfg: MountConfig) -> set[str]:
+    fsname = "neuralcache:" + cfg.source.replace(",", "_").replace(" ", "_")
+    opts = set(pyfuse3.default_options)
+    opts |= {f"fsname={fsname}", "subtype=neuralcache", "noatime"}
+    if cfg.allow_other:
+        opts.add("allow_other")
+    return opts
+
+
+async def _check_backend(backend, cfg: MountConfig) -> None:
+    try:
+        await trio.to_thread.run_sync(backend.check)
+    except UserError:
+        raise
+    except BackendError as exc:
+        raise describe_check_error(exc, cfg.source, cfg.endpoint_url) from None
+
+
+async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
+                          ttl: float) -> None:
+    if ttl <= 0:
+        return
+    while True:
+        await trio.sleep(ttl)
+        t0 = time.monotonic()
+        try:
+            objs = await trio.to_thread.run_sync(lambda: list(backend.list_all()))
+        except Exception as exc:  # keep serving the old snapshot
+            log.warning("re-listing the source failed (%s); keeping the old listing", exc)
+            continue
+        changed = ns.apply_listing(objs)
+        if prefetcher is not None:
+            prefetcher.refresh_catalog()
+        for node in changed:
+            try:
+                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.inode)
+            except OSError:
+                pass   # the kernel does not know this inode: nothing to drop
+        log.info("re-listed %d objects in %.1f s (%d changed)", len(objs),
+                 time.monotonic() - t0, len(changed))
+
+
+def make_predictor():
+    try:
+        from predictors import make_default_predictor
+    except ImportError:
+        return HintQueue()
+    return make_default_predictor([])
+
+
+async def _serve(cfg: MountConfig, on_ready) -> None:
+    mp = check_mountpoint(cfg.mountpoint)
+    try:
+        backend = open_backend(cfg.source, endpoint_url=cfg.endpoint_url, region=cfg.region,
+                               concurrency=cfg.concurrency)
+    except BackendError as exc:
+        raise UserError(str(exc)) from None
+    await _check_backend(backend, cfg)
+    sub = cache_subdir(cfg)
+    lock_fd = _lock_cache(sub)
+    try:
+        await _serve_locked(cfg, on_ready, mp, backend, sub)
+    finally:
+        os.close(lock_fd)
+        backend.close()
+
+
+async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
+    t0 = time.monotonic()
+    stats = Stats()
+    disk = DiskTier(sub, cfg.cache_size)
+    try:
+        nblocks = await trio.to_thread.run_sync(disk.load)
+    except OSError as exc:
+        raise UserError(f"cannot use cache directory {sub}: {exc}") from None
+    try:
+        objs = await trio.to_thread.run_sync(lambda: list(backend.list_all()))
+    except BackendError as exc:
+        raise describe_check_error(exc, cfg.source, cfg.endpoint_url) from None
+    ns = Namespace()
+    ns.apply_listing(objs)
+    log.info("listed %d objects (%d bytes) in %.1f s; disk cache has %d blocks",
+             ns.files, ns.total_bytes, time.monotonic() - t0, nblocks)
+    mem = MemoryTier(cfg.memory_cache_size)
+    store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
+                       concurrency=cfg.concurrency)
+    trace = TraceRing()
+    predictor = make_predictor()
+    prefetcher = Prefetcher(ns, store, predictor,
+                            budget_bytes=int(cfg.memory_cache_size * PREFETCH_BUDGET_FRACTION),
+                            enabled=cfg.prefetch)
+    if hasattr(predictor, "evict_rank"):
+        disk.evict_rank = predictor.evict_rank
+
+    def stats_json() -> bytes:
+        extra = {"source": cfg.source, "mountpoint": mp,
+                 "files": ns.files, "dataset_bytes": ns.total_bytes,
+                 "hints": prefetcher.hints_set, "open_handles": ops.open_handles(),
+                 "disk_cache_writable": disk.writable,
+                 "corrupt_blocks_dropped": disk.corrupt_blocks,
+                 "readahead": cfg.readahead, "prefetch": cfg.prefetch}
+        snap = stats.snapshot(cache_disk_bytes=disk.used, cache_disk_blocks=len(disk),
+                              cache_mem_bytes=mem.used, cache_disk_limit=disk.limit,
+                              cache_mem_limit=mem.limit,
+                              backend_retries=getattr(backend, "retries", 0), extra=extra)
+        return (json.dumps(snap, indent=2) + "\n").encode()
+
+    def hints_status() -> bytes:
+        return f"# {prefetcher.hints_set} hinted paths; write paths, one per line\n".encode()
+
+    controls = control.Control(stats=stats_json, trace=trace.dump,
+                               apply_hints=prefetcher.set_hints, hints_status=hints_status,
+                               uid=os.getuid(), gid=os.getgid(),
+                               hints_mode=0o622 if cfg.allow_other else 0o600)
+    ops = Operations(ns, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
+                     readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
+                     trace=trace, controls=controls, prefetcher=prefetcher)
+    try:
+        pyfuse3.init(ops, mp, _fuse_options(cfg))
+    except RuntimeError as exc:
+        raise UserError(f"cannot mount on {mp}: {exc} (is /dev/fuse available and "
+                        "fusermount3 installed?)") from None
+    unmounted = False
+    try:
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl)
+            n.start_soon(_on_signals)
+            log.info("serving %s on %s (ready in %.1f s)", cfg.source, mp,
+                     time.monotonic() - t0)
+            on_ready(None)
+            sd_notify("READY=1\nSTATUS=serving " + cfg.source)
+            await pyfuse3.main()
+            n.cancel_scope.cancel()
+        unmounted = True
+    finally:
+        sd_notify("STOPPING=1")
+        pyfuse3.close(unmount=True)
+        log.info("unmounted %s (clean=%s)", mp, unmounted)
+
+
+async def _on_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+        async for signum in sigs:
+            log.info("signal %d: unmounting", signum)
+            pyfuse3.terminate()
+            return
+
+
+def serve(cfg: MountConfig, on_ready) -> None:
+    """Mount and serve until unmounted.  ``on_ready(None)`` is called once serving;
+    UserError is raised (before anything is mounted) for bad input."""
+    trio.run(_serve, cfg, on_ready)

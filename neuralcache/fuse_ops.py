@@ -1,0 +1,326 @@
+"""The FUSE edge: a pyfuse3.Operations subclass over Namespace + BlockStore.
+
+The one errno table of NeuralCache lives here (``ERRNO``); every handler is wrapped by
+``_edge`` so that nothing but FUSEError escapes it (pyfuse3 would take the whole mount
+down).  The mount is read-only except for the hints file in the control directory.
+"""
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+import pyfuse3
+import trio
+
+from . import control
+from .blocks import BlockStore, Pinned
+from .errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
+from .namespace import ROOT_INODE, Namespace, Node
+from .readahead import ReadAhead
+from .stats import Stats
+from .trace import TraceRing
+
+log = logging.getLogger(__name__)
+
+# The one errno table: domain error -> errno returned to the reader.
+ERRNO: dict[type, int] = {
+    NotFound: errno.ENOENT,
+    PermissionDenied: errno.EACCES,
+    Unavailable: errno.EIO,
+    VersionChanged: errno.ESTALE,   # the object changed under an open handle
+    UserError: errno.EINVAL,        # e.g. a malformed hint
+}
+
+# Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
+# enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
+ST_BLKSIZE = 1 << 20
+
+
+def _errno_for(exc: BaseException) -> int:
+    for cls, code in ERRNO.items():
+        if isinstance(exc, cls):
+            return code
+    return errno.EIO
+
+
+def _edge(fn):
+    """Translate every exception from a handler into FUSEError (logged if unexpected)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self, *args, **kwargs):
+        try:
+            return await fn(self, *args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # the edge: translate, never let it escape
+            code = _errno_for(exc)
+            if code == errno.EIO and not isinstance(exc, Unavailable):
+                log.exception("unexpected error in %s", fn.__name__)
+            else:
+                log.info("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(code) from None
+
+    return wrapper
+
+
+@dataclass(slots=True)
+class FileHandle:
+    node: Node
+    pinned: Pinned
+    readahead: ReadAhead | None
+    pid: int
+
+
+@dataclass(slots=True)
+class DirHandle:
+    entries: list[tuple[str, Node]] = field(default_factory=list)
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, ns: Namespace, store: BlockStore, backend, stats: Stats, *,
+                 metadata_ttl: float, readahead_bytes: int, trace: TraceRing,
+                 controls: "control.Control", prefetcher=None,
+                 uid: int | None = None, gid: int | None = None):
+        super().__init__()
+        self.ns = ns
+        self.store = store
+        self.backend = backend
+        self.stats = stats
+        self.ttl = metadata_ttl
+        self.readahead_bytes = readahead_bytes
+        self.trace = trace
+        self.controls = controls
+        self.prefetcher = prefetcher
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self._handles: dict[int, object] = {}
+        self._next_fh = 1
+        self._kernel_version: dict[int, str] = {}   # inode -> version last opened
+
+    # -- attributes ------------------------------------------------------------------
+    def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.inode
+        a.generation = 0
+        a.entry_timeout = self.ttl
+        a.attr_timeout = self.ttl
+        if node.is_dir:
+            a.st_mode = stat.S_IFDIR | 0o555
+            a.st_nlink = 2
+            a.st_size = 0
+        else:
+            a.st_mode = stat.S_IFREG | 0o444
+            a.st_nlink = 1
+            a.st_size = node.size
+        ns_time = int(node.mtime * 1e9)
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns_time
+        a.st_uid, a.st_gid = self.uid, self.gid
+        a.st_blksize = ST_BLKSIZE
+        a.st_blocks = (a.st_size + 511) // 512
+        return a
+
+    def _new_fh(self, h: object) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = h
+        return fh
+
+    # -- lookups -------------------------------------------------------------------
+    @_edge
+    async def lookup(self, parent_inode, name, ctx=None):
+        sname = os.fsdecode(name)
+        if control.is_control_inode(parent_inode) or (
+                parent_inode == ROOT_INODE and sname == control.DIRNAME):
+            return self.controls.lookup(parent_inode, sname)
+        parent = self.ns.get(parent_inode)
+        if parent is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if sname == ".":
+            node = parent
+        elif sname == "..":
+            node = self.ns.get(parent.parent) or parent
+        else:
+            node = self.ns.child(parent_inode, sname)
+        if node is None:
+            a = pyfuse3.EntryAttributes()   # negative entry, cached for the TTL
+            a.st_ino = 0
+            a.entry_timeout = self.ttl
+            return a
+        self.ns.remember(node)
+        return self._attrs(node)
+
+    @_edge
+    async def forget(self, inode_list):
+        for inode, n in inode_list:
+            self.ns.forget(inode, n)
+
+    @_edge
+    async def getattr(self, inode, ctx=None):
+        if control.is_control_inode(inode):
+            return self.controls.getattr(inode)
+        node = self.ns.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(node)
+
+    @_edge
+    async def setattr(self, inode, attr, fields, fh, ctx):
+        if inode == control.HINTS_INODE:     # O_TRUNC on the hints file
+            return self.controls.getattr(inode)
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    @_edge
+    async def statfs(self, ctx):
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = ST_BLKSIZE
+        s.f_frsize = ST_BLKSIZE
+        s.f_blocks = (self.ns.total_bytes + ST_BLKSIZE - 1) // ST_BLKSIZE
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = self.ns.files + 1
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # -- directories -------------------------------------------------------------------
+    @_edge
+    async def opendir(self, inode, ctx):
+        if control.is_control_inode(inode):
+            return self._new_fh(DirHandle(self.controls.entries(inode)))
+        node = self.ns.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        entries = sorted((node.children or {}).items())
+        return self._new_fh(DirHandle(entries))
+
+    @_edge
+    async def readdir(self, fh, start_id, token):
+        h = self._handles.get(fh)
+        if not isinstance(h, DirHandle):
+            raise pyfuse3.FUSEError(errno.EBADF)
+        for i in range(start_id, len(h.entries)):
+            name, node = h.entries[i]
+            if isinstance(node, Node):
+                attrs = self._attrs(node)
+            else:                              # a control entry: (name, attrs)
+                attrs = node
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+                break
+            if isinstance(node, Node):
+                self.ns.remember(node)
+            else:
+                self.controls.remember(attrs.st_ino)
+
+    @_edge
+    async def releasedir(self, fh):
+        self._handles.pop(fh, None)
+
+    # -- files ---------------------------------------------------------------------------
+    @_edge
+    async def open(self, inode, flags, ctx):
+        if control.is_control_inode(inode):
+            h = self.controls.open(inode, flags, ctx)
+            return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True)
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.ns.get(inode)
+        if node is None or node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOENT if node is None else errno.EISDIR)
+        if node.removed:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        if time.monotonic() - node.checked > self.ttl:
+            await self._revalidate(node)
+        pinned = Pinned(node.key, node.version, node.size)
+        keep = self._kernel_version.get(inode) == node.version
+        self._kernel_version[inode] = node.version
+        ra = ReadAhead(self.store.block_size, self.readahead_bytes) \
+            if self.readahead_bytes > 0 else None
+        fh = self._new_fh(FileHandle(node, pinned, ra, ctx.pid))
+        self.stats.opens += 1
+        self.trace.record("open", node.key, 0, 0, ctx.pid, node.size)
+        if self.prefetcher is not None:
+            self.prefetcher.on_open(node.key, node.size, ctx.pid)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    async def _revalidate(self, node: Node) -> None:
+        """The entry is older than the TTL: ask the remote (one HEAD) before opening."""
+        try:
+            info = await trio.to_thread.run_sync(self.backend.stat, node.key)
+        except NotFound:
+            self.ns.mark_removed(node)
+            raise
+        if self.ns.update_object(node, info):
+            log.info("%s changed on the remote (new version %s)", node.key, info.version)
+
+    @_edge
+    async def read(self, fh, off, size):
+        h = self._handles.get(fh)
+        if not isinstance(h, FileHandle):
+            if h is not None and hasattr(h, "read"):
+                return h.read(off, size)
+            raise pyfuse3.FUSEError(errno.EBADF)
+        st = self.stats
+        st.reads += 1
+        p = h.pinned
+        try:
+            data = await self.store.read(p, off, size)
+        except Exception:
+            st.read_errors += 1
+            raise
+        st.bytes_served += len(data)
+        self.trace.record("read", p.key, off, len(data), h.pid, p.size)
+        if h.readahead is not None:
+            ahead = h.readahead.on_read(off, len(data), self.store.nblocks(p),
+                                        self.store.latency_estimate())
+            for i in ahead:
+                self.store.prefetch(p, i)
+        if self.prefetcher is not None:
+            self.prefetcher.on_read(p.key, off, len(data), p.size, h.pid)
+        return data
+
+    @_edge
+    async def write(self, fh, off, buf):
+        h = self._handles.get(fh)
+        if h is not None and hasattr(h, "write"):
+            return h.write(off, buf)
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    @_edge
+    async def flush(self, fh):
+        h = self._handles.get(fh)
+        if h is not None and hasattr(h, "flush"):
+            h.flush()      # a malformed hint raises UserError -> EINVAL on close()
+
+    @_edge
+    async def release(self, fh):
+        self._handles.pop(fh, None)
+
+    # -- everything else is read-only ---------------------------------------------------
+    @_edge
+    async def getxattr(self, inode, name, ctx):
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @_edge
+    async def listxattr(self, inode, ctx):
+        return []
+
+    async def _erofs(self, *args, **kwargs):
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    create = mkdir = mknod = symlink = link = unlink = rmdir = rename = _erofs
+    setxattr = removexattr = _erofs
+
+    def open_handles(self) -> int:
+        return len(self._handles)

@@ -1,0 +1,98 @@
+"""Live counters of a mount: what `neuralcache stats` prints and the metrics exporter
+reads.  The keys of ``Stats.snapshot()`` are a public contract (README, DEVELOPING.md)."""
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass, field
+
+# Backend latencies kept for percentiles: the last N requests (a few minutes of a busy
+# mount at 32 requests in flight), so percentiles follow the link as it changes.
+LATENCY_WINDOW = 4096
+
+
+def percentile(sorted_vals: list[float], q: float) -> float:
+    if not sorted_vals:
+        return 0.0
+    i = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
+    return sorted_vals[i]
+
+
+@dataclass
+class Stats:
+    started: float = field(default_factory=time.monotonic)
+    bytes_served: int = 0
+    bytes_fetched: int = 0
+    reads: int = 0
+    read_errors: int = 0
+    opens: int = 0
+    mem_hits: int = 0
+    mem_misses: int = 0
+    disk_hits: int = 0
+    disk_misses: int = 0
+    demand_hit_blocks: int = 0     # demand block lookups served from mem or disk
+    demand_hit_bytes: int = 0      # bytes served to readers without waiting on the remote
+    readahead_bytes_fetched: int = 0
+    readahead_bytes_used: int = 0
+    prefetch_bytes_fetched: int = 0
+    prefetch_bytes_used: int = 0
+    backend_requests: int = 0
+    backend_errors: int = 0
+    singleflight_joins: int = 0
+    latencies: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
+
+    def record_backend(self, seconds: float, nbytes: int, ok: bool) -> None:
+        self.backend_requests += 1
+        if ok:
+            self.bytes_fetched += nbytes
+            self.latencies.append(seconds)
+        else:
+            self.backend_errors += 1
+
+    def latency_ms(self) -> dict[str, float]:
+        vals = sorted(self.latencies)
+        return {f"p{int(q * 100)}": round(percentile(vals, q) * 1000, 2)
+                for q in (0.5, 0.9, 0.99)}
+
+    def snapshot(self, *, cache_disk_bytes: int = 0, cache_disk_blocks: int = 0,
+                 cache_mem_bytes: int = 0, cache_disk_limit: int = 0,
+                 cache_mem_limit: int = 0, backend_retries: int = 0,
+                 extra: dict | None = None) -> dict:
+        spec_fetched = self.readahead_bytes_fetched + self.prefetch_bytes_fetched
+        spec_used = self.readahead_bytes_used + self.prefetch_bytes_used
+        snap = {
+            "bytes_served": self.bytes_served,
+            "bytes_fetched": self.bytes_fetched,
+            "reads": self.reads,
+            "read_errors": self.read_errors,
+            "opens": self.opens,
+            "mem_hits": self.mem_hits,
+            "mem_misses": self.mem_misses,
+            "disk_hits": self.disk_hits,
+            "disk_misses": self.disk_misses,
+            "hit_rate": round(self.demand_hit_bytes / self.bytes_served, 4)
+            if self.bytes_served else 0.0,
+            "readahead_bytes_fetched": self.readahead_bytes_fetched,
+            "readahead_bytes_used": self.readahead_bytes_used,
+            "prefetch_bytes_fetched": self.prefetch_bytes_fetched,
+            "prefetch_bytes_used": self.prefetch_bytes_used,
+            "prefetch_precision": round(min(1.0, spec_used / spec_fetched), 4)
+            if spec_fetched else 0.0,
+            "backend_requests": self.backend_requests,
+            "backend_errors": self.backend_errors,
+            "backend_retries": backend_retries,
+            "backend_latency_ms": self.latency_ms(),
+            "singleflight_joins": self.singleflight_joins,
+            "cache_disk_bytes": cache_disk_bytes,
+            "cache_disk_blocks": cache_disk_blocks,
+            "cache_mem_bytes": cache_mem_bytes,
+            "cache_disk_limit": cache_disk_limit,
+            "cache_mem_limit": cache_mem_limit,
+            "uptime_s": round(time.monotonic() - self.started, 3),
+            "pid": os.getpid(),
+        }
+        if extra:
+            snap.update(extra)
+        return snap
