@@ -1,0 +1,151 @@
+"""The default predictor: hints first; otherwise the learned classifier picks which
+predictor to trust and how deep to look ahead.
+
+    p = make_default_predictor(catalog)          # [(path, size), ...] in listing order
+    p.observe(ev); ...; p.predict(64)            # ranked list[Prediction]
+    p.set_hints(paths) / p.clear_hints()
+
+Policy per pattern class (see predictors/classifier.py for the classes):
+
+    sequential, strided -> StridePredictor        depth = Little's law (below)
+    repeated            -> SuccessorPredictor     depth = Little's law
+    shuffled            -> EpochSetPredictor      depth = max_items (no order to exploit;
+                                                  prob ~ horizon/remaining lets the
+                                                  scheduler cut)
+    random              -> no cross-file prefetch
+Within-file continuations (SeqReadPredictor) come first in every case. Each prediction's
+prob is the sub-predictor's prob times the classifier's probability for the class.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+from .base import Catalog, OpenRate, Prediction
+from .classifier import PatternClassifier, default_classifier
+from .epochset import EpochSetPredictor
+from .events import Event
+from .features import WINDOW, PatternFeatures
+from .hints import HintPredictor
+from .seqread import SeqReadPredictor
+from .stride import StridePredictor
+from .successor import SuccessorPredictor
+
+# Fetch latency the lookahead must cover: the design's 60 ms WAN round trip.
+FETCH_LATENCY_S = 0.060
+# Little's law gives items in flight = latency / inter-open gap; x4 covers transfer time,
+# queueing behind other fetches and jitter (a fetch of a 100 KB file at 60 ms RTT is
+# ~2x RTT once the link is busy).
+DEPTH_SAFETY = 4.0
+MIN_DEPTH = 4        # never look less than a few files ahead
+MAX_DEPTH = 1024     # nor more than ~8 workers x 128 samples
+# Re-classify every 8 opens (the forest costs ~20-40 us; per-open would dominate observe).
+CLASSIFY_EVERY = 8
+# Classify once half a feature window has been seen; before that trust only a stride
+# predictor that has already proven itself.
+CLASSIFY_AFTER = WINDOW // 2
+# Ordered predictors used as fallback when the class's own predictor has nothing, if
+# their measured depth-1 hit rate is at least this.
+FALLBACK_MIN_CONF = 0.6
+# Within-file continuations listed at most (one per file being read sequentially).
+SEQ_ITEMS = 8
+
+
+class EnsemblePredictor:
+    name = "ensemble"
+
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = (),
+                 classifier: PatternClassifier | None = None,
+                 latency_s: float = FETCH_LATENCY_S):
+        self.classifier = classifier or default_classifier()
+        self.latency_s = latency_s
+        self.hints = HintPredictor()
+        self.stride = StridePredictor()
+        self.successor = SuccessorPredictor()
+        self.epochset = EpochSetPredictor()
+        self.seqread = SeqReadPredictor()
+        self.features = PatternFeatures()
+        self.rate = OpenRate()
+        self.opens = 0
+        self.pattern: str | None = None   # current class, None until classified
+        self.pattern_prob = 0.0
+        self.set_catalog(catalog)
+
+    def _parts(self):
+        return (self.hints, self.stride, self.successor, self.epochset, self.seqread,
+                self.features)
+
+    def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
+        self.catalog = Catalog.of(entries)
+        for p in self._parts():
+            p.set_catalog(self.catalog)
+
+    def set_hints(self, paths: Sequence[str]) -> None:
+        """Validate and install an explicit upcoming order (ValueError, nothing changed,
+        if any entry is bad)."""
+        self.hints.set_hints(paths)
+
+    def clear_hints(self) -> None:
+        self.hints.clear_hints()
+
+    def observe(self, ev: Event) -> None:
+        for p in self._parts():
+            p.observe(ev)
+        if ev.op == "open":
+            self.rate.observe_open(ev.t)
+            self.opens += 1
+            if self.opens >= CLASSIFY_AFTER and self.opens % CLASSIFY_EVERY == 0:
+                self.pattern, self.pattern_prob = self.classifier.classify(
+                    self.features.vector())
+
+    def depth(self) -> int:
+        """Little's law lookahead, scaled by how sure the classifier is."""
+        d = DEPTH_SAFETY * self.latency_s / max(self.rate.gap, 1e-6)
+        d *= max(self.pattern_prob, 0.5) if self.pattern else 1.0
+        return int(min(MAX_DEPTH, max(MIN_DEPTH, math.ceil(d))))
+
+    def _cross_file(self, max_items: int) -> list[Prediction]:
+        if self.hints.active:
+            return self.hints.predict(max_items)
+        pat, pp = self.pattern, self.pattern_prob
+        if pat is None:
+            if self.stride.confidence() >= FALLBACK_MIN_CONF:
+                return self.stride.predict(min(max_items, self.depth()))
+            return []
+        if pat == "random":
+            return []
+        if pat == "shuffled":
+            preds = self.epochset.predict(max_items)
+        else:
+            primary = self.successor if pat == "repeated" else self.stride
+            preds = primary.predict(min(max_items, self.depth()))
+            if not preds:
+                best = max((self.stride, self.successor), key=lambda p: p.confidence())
+                if best.confidence() >= FALLBACK_MIN_CONF:
+                    preds = best.predict(min(max_items, self.depth()))
+        return [Prediction(p.path, p.offset, p.length, p.eta_s, p.prob * pp, p.source)
+                for p in preds]
+
+    def predict(self, max_items: int) -> list[Prediction]:
+        if max_items <= 0:
+            return []
+        out = self.seqread.predict(min(SEQ_ITEMS, max_items))
+        seen = {p.path for p in out}
+        for p in self._cross_file(max_items):
+            if len(out) >= max_items:
+                break
+            if p.path not in seen:
+                seen.add(p.path)
+                out.append(p)
+        return out
+
+    def stats(self) -> dict:
+        """For the daemon's stats/metrics: which pattern is in force and how deep."""
+        return {"pattern": self.pattern or "unknown", "pattern_prob": round(self.pattern_prob, 3),
+                "lookahead": self.depth(), "hints_remaining": self.hints.remaining(),
+                "epoch": self.epochset.tracker.epoch}
+
+
+def make_default_predictor(catalog: Iterable[tuple[str, int]] | Catalog = (),
+                           latency_s: float = FETCH_LATENCY_S) -> EnsemblePredictor:
+    return EnsemblePredictor(catalog, latency_s=latency_s)
