@@ -62,7 +62,13 @@ def build_config(args: argparse.Namespace) -> MountConfig:
             values[name] = parser(v)
     for k, v in values.items():
         setattr(cfg, k, v)
-    if not cfg.source.startswith("s3://"):
+    if cfg.source.startswith("s3://"):
+        if not cfg.source[5:].split("/")[0]:
+            raise UserError(f"bad source {cfg.source!r}: expected s3://BUCKET[/PREFIX]")
+    elif "://" in cfg.source:
+        raise UserError(f"bad source {cfg.source!r}: use s3://BUCKET[/PREFIX] or a "
+                        "directory path")
+    else:
         cfg.source = os.path.abspath(cfg.source)
     if cfg.memory_cache_size < cfg.block_size:
         raise UserError(f"--memory-cache-size must be at least the block size "
@@ -128,7 +134,8 @@ def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
     try:
         serve(cfg, on_ready)
     except UserError as exc:
-        log.error("%s", exc)
+        if ready_fd is not None:
+            log.error("%s", exc)
         report(f"ERROR {exc}")
         raise
     except KeyboardInterrupt:

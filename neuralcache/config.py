@@ -125,9 +125,10 @@ def parse_o_options(text: str) -> dict[str, object]:
                "noatime", "relatime", "x-systemd.automount"}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if key in ignored or key.startswith("x-"):
+        key = key.strip()
+        if key in ignored or key.startswith("x-") or key.startswith("comment="):
             continue
+        key = key.replace("-", "_")
         if key not in OPTIONS:
             raise UserError(f"unknown mount option {key!r}; see neuralcache mount --help")
         parser = OPTIONS[key][0]

@@ -35,7 +35,7 @@ class ReadAhead:
         self.window = MIN_BLOCKS
         self.ahead_upto = 0          # highest block index already requested + 1
         self.streak_bytes = 0
-        self.streak_t0 = time.monotonic()
+        self.streak_t0: float | None = None   # set by the first read
         self.last_block = -1
 
     def on_read(self, off: int, size: int, nblocks: int, latency_s: float,
@@ -44,6 +44,8 @@ class ReadAhead:
         if self.max_blocks == 0 or nblocks == 0:
             return range(0)
         now = time.monotonic() if now is None else now
+        if self.streak_t0 is None:
+            self.streak_t0 = now
         cur = off // self.block_size
         sequential = abs(off - self.next_off) <= SEQ_SLACK
         self.next_off = max(self.next_off, off + size) if sequential else off + size
@@ -67,7 +69,8 @@ class ReadAhead:
         return range(start, stop)
 
     def _target_blocks(self, latency_s: float, now: float) -> int:
-        elapsed = max(now - self.streak_t0, 1e-3)
+        t0 = now if self.streak_t0 is None else self.streak_t0
+        elapsed = max(now - t0, 1e-3)
         rate = self.streak_bytes / elapsed
         want = math.ceil(rate * max(latency_s, 1e-3) * SAFETY / self.block_size)
         # Early in a streak the rate is unknown (tiny elapsed): let doubling decide.

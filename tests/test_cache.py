@@ -1,0 +1,134 @@
+"""Memory and disk tiers, without a mount."""
+import os
+import time
+
+import pytest
+
+from neuralcache.cache import BlockKey, DiskTier, MemoryTier
+
+
+def test_memory_tier_is_bounded_in_bytes():
+    m = MemoryTier(1000)
+    for i in range(10):
+        m.put(BlockKey("k", "v", i), bytes(300))
+    assert m.used <= 1000
+    assert len(m) == 3
+    assert m.get(BlockKey("k", "v", 9)) is not None
+    assert m.get(BlockKey("k", "v", 0)) is None
+    m.put(BlockKey("big", "v", 0), bytes(2000))   # larger than the tier: not kept
+    assert m.get(BlockKey("big", "v", 0)) is None
+
+
+def test_memory_tier_lru_order():
+    m = MemoryTier(900)
+    a, b, c, d = (BlockKey("k", "v", i) for i in range(4))
+    for k in (a, b, c):
+        m.put(k, bytes(300))
+    m.get(a)
+    m.put(d, bytes(300))
+    assert m.get(a) is not None and m.get(b) is None
+
+
+def test_disk_roundtrip_and_version_isolation(tmp_path):
+    d = DiskTier(str(tmp_path), 1 << 20)
+    d.load()
+    k1 = BlockKey("a/b.bin", "etag1", 0)
+    k2 = BlockKey("a/b.bin", "etag2", 0)
+    assert d.put(k1, b"one" * 100)
+    assert d.get(k1) == b"one" * 100
+    assert d.get(k2) is None            # a new version never sees the old block
+    assert oct(os.stat(tmp_path / "blocks").st_mode & 0o777) == "0o700"
+
+
+def test_disk_survives_restart_and_drops_partial_writes(tmp_path):
+    d = DiskTier(str(tmp_path), 1 << 20)
+    d.load()
+    k = BlockKey("x", "v", 3)
+    d.put(k, b"data" * 10)
+    sub = tmp_path / "blocks" / k.name()[:2]
+    (sub / (k.name() + ".123.tmp")).write_bytes(b"partial")
+    d2 = DiskTier(str(tmp_path), 1 << 20)
+    assert d2.load() == 1
+    assert d2.get(k) == b"data" * 10
+    assert not list(sub.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
+def test_corrupt_block_is_dropped_never_served(tmp_path, damage):
+    d = DiskTier(str(tmp_path), 1 << 20)
+    d.load()
+    k = BlockKey("x", "v", 0)
+    d.put(k, bytes(range(256)) * 4)
+    path = tmp_path / "blocks" / k.name()[:2] / k.name()
+    raw = bytearray(path.read_bytes())
+    if damage == "flip":
+        raw[-7] ^= 0x40
+    elif damage == "truncate":
+        raw = raw[:-10]
+    else:
+        raw[0:4] = b"XXXX"
+    path.write_bytes(bytes(raw))
+    assert d.get(k) is None
+    assert not path.exists()
+    assert d.corrupt_blocks == 1 and not d.contains(k)
+
+
+def test_disk_evicts_to_limit(tmp_path):
+    d = DiskTier(str(tmp_path), 10_000)
+    d.load()
+    for i in range(30):
+        assert d.put(BlockKey("f", "v", i), bytes(1000))
+    assert d.used <= 10_000
+    assert d.get(BlockKey("f", "v", 29)) is not None
+    assert d.get(BlockKey("f", "v", 0)) is None
+    files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]
+    assert len(files) == len(d)
+
+
+def test_epoch_aware_eviction_hook(tmp_path):
+    d = DiskTier(str(tmp_path), 3000)
+    d.load()
+    consumed = {"old-but-unread"}
+    d.evict_rank = lambda key: 0 if key not in consumed else 1
+    d.put(BlockKey("old-but-unread", "v", 0), bytes(1000))
+    d.put(BlockKey("consumed-a", "v", 0), bytes(1000))
+    d.put(BlockKey("consumed-b", "v", 0), bytes(1000))
+    consumed.clear()
+    consumed.add("old-but-unread")
+    d.put(BlockKey("new", "v", 0), bytes(1000))
+    # consumed-a has the lowest rank among the oldest: it goes, not the LRU head
+    assert d.contains(BlockKey("old-but-unread", "v", 0)) is False or \
+        d.contains(BlockKey("consumed-a", "v", 0)) is False
+    assert d.used <= 3000
+
+
+def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
+    d = DiskTier(str(tmp_path), 1 << 20)
+    d.load()
+    os.chmod(tmp_path / "blocks", 0o500)
+    try:
+        if os.geteuid() == 0:
+            # root ignores modes: make the shard directory a file instead
+            k = BlockKey("x", "v", 0)
+            (tmp_path / "blocks" / k.name()[:2]).write_bytes(b"not a dir")
+        ok = d.put(BlockKey("x", "v", 0), b"abc")
+    finally:
+        os.chmod(tmp_path / "blocks", 0o700)
+    assert ok is False and d.writable is False
+    assert "disk cache write failed" in caplog.text
+    assert d.put(BlockKey("y", "v", 1), b"abc") is True   # recovers when writes work
+    assert d.writable is True
+
+
+def test_reload_100k_blocks_within_seconds(tmp_path):
+    d = DiskTier(str(tmp_path), 1 << 40)
+    d.load()
+    for i in range(100_000):
+        d.put(BlockKey("f%d" % (i // 100), "v", i % 100), b"x" * 16)
+    t0 = time.monotonic()
+    d2 = DiskTier(str(tmp_path), 1 << 40)
+    n = d2.load()
+    elapsed = time.monotonic() - t0
+    assert n == 100_000
+    assert elapsed < 5.0, f"index reload took {elapsed:.1f} s"
+    assert d2.get(BlockKey("f5", "v", 7)) == b"x" * 16

@@ -1,0 +1,71 @@
+"""Sizes, options and CLI input errors (no mount needed)."""
+import pytest
+
+from neuralcache import cli
+from neuralcache.config import parse_o_options
+from neuralcache.errors import UserError
+from neuralcache.sizes import format_size, parse_size
+
+
+@pytest.mark.parametrize("text,value", [
+    ("4096", 4096), ("512M", 512 << 20), ("20G", 20 << 30), ("1.5G", 3 << 29),
+    ("8MiB", 8 << 20), ("1k", 1024), (" 2 T ", 2 << 40), ("64KB", 64 << 10),
+])
+def test_parse_size_good(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "G", "10X", "-5M", "1e9", "ten", "5 M B"])
+def test_parse_size_bad_names_the_input(text):
+    with pytest.raises(UserError) as e:
+        parse_size(text, "cache size")
+    assert "cache size" in str(e.value) and repr(text) in str(e.value)
+
+
+def test_format_size():
+    assert format_size(1536) == "1.5K"
+    assert format_size(100) == "100"
+
+
+def test_o_options_parse_and_ignore_fstab_words():
+    got = parse_o_options("cache_size=10G,readahead=off,allow_other,_netdev,nofail,rw,"
+                          "memory-cache-size=256M,x-systemd.requires=network.target")
+    assert got == {"cache_size": 10 << 30, "readahead": False, "allow_other": True,
+                   "memory_cache_size": 256 << 20}
+
+
+@pytest.mark.parametrize("text,word", [("bogus=1", "bogus"), ("cache_size", "needs a value"),
+                                       ("readahead=maybe", "on or off"),
+                                       ("metadata_ttl=-3", "negative")])
+def test_o_options_errors(text, word):
+    with pytest.raises(UserError) as e:
+        parse_o_options(text)
+    assert word in str(e.value)
+
+
+@pytest.mark.parametrize("argv,word", [
+    (["mount", "/tmp", "/tmp/x", "--cache-size", "lots"], "cache size"),
+    (["mount", "/tmp", "/tmp/x", "--memory-cache-size", "1K"], "memory-cache-size"),
+    (["mount", "/tmp", "/tmp/x", "-o", "nosuch=1"], "nosuch"),
+    (["mount", "ftp://x/y", "/tmp/x", "--foreground"], "s3://"),
+    (["mount", "/tmp", "/nonexistent/mnt", "--foreground"], "does not exist"),
+    (["mount", "/nonexistent/src", "/tmp", "--foreground"], "does not exist"),
+    (["umount", "/tmp"], "not mounted"),
+    (["stats", "/tmp"], "not a NeuralCache mount"),
+])
+def test_cli_bad_input_is_one_line(argv, word, capsys, tmp_path):
+    rc = cli.main(argv + (["--cache-dir", str(tmp_path)] if argv[0] == "mount" else []))
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert err.count("\n") == 1 and err.startswith("neuralcache: error:"), err
+    assert word in err
+    assert "Traceback" not in err
+
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["mount", "--help"])
+    out = capsys.readouterr().out
+    for flag in ("--cache-dir", "--cache-size", "--memory-cache-size", "--endpoint-url",
+                 "--region", "--metadata-ttl", "--allow-other", "--foreground", "-o"):
+        assert flag in out

@@ -1,0 +1,47 @@
+"""Read-ahead window logic (pure)."""
+from neuralcache.readahead import ReadAhead
+
+BS = 1 << 20
+
+
+def test_window_grows_while_sequential_and_is_capped():
+    ra = ReadAhead(BS, max_bytes=8 * BS)
+    requested = []
+    off = 0
+    t = 0.0
+    while off < 40 * BS:
+        requested += list(ra.on_read(off, 128 << 10, 64, latency_s=0.06, now=t))
+        off += 128 << 10
+        t += 0.0001
+    assert requested == sorted(set(requested))          # each block asked once
+    assert requested[0] == 1
+    assert max(requested) >= 40                          # stays ahead of the reader
+    assert ra.window <= 8
+
+
+def test_seek_resets_window():
+    ra = ReadAhead(BS, max_bytes=8 * BS)
+    for i in range(40):
+        ra.on_read(i * (128 << 10), 128 << 10, 64, 0.06, now=i * 1e-4)
+    assert ra.window > 1
+    assert list(ra.on_read(50 * BS, 4096, 64, 0.06, now=1.0)) == []
+    assert ra.window == 1
+    assert list(ra.on_read(50 * BS + 4096, 4096, 64, 0.06, now=1.001)) == [51]
+
+
+def test_never_past_end_and_off_when_zero():
+    ra = ReadAhead(BS, max_bytes=8 * BS)
+    got = []
+    for i in range(24):
+        got += ra.on_read(i * (128 << 10), 128 << 10, 3, 0.06, now=i * 1e-4)
+    assert got == [1, 2]
+    assert list(ReadAhead(BS, max_bytes=0).on_read(0, 4096, 10, 0.06)) == []
+
+
+def test_slow_reader_gets_small_window():
+    ra = ReadAhead(BS, max_bytes=64 * BS)
+    t = 0.0
+    for i in range(200):           # 128 KiB every 100 ms = 1.3 MB/s
+        ra.on_read(i * (128 << 10), 128 << 10, 1000, 0.06, now=t)
+        t += 0.1
+    assert ra.window <= 2           # Little's law: 1.3 MB/s x 60 ms x 2 < 1 block
