@@ -12,7 +12,7 @@ Datasets (sizes: full / ``--quick``):
   ``KEY.jpg`` (JPEG-sized random payload, 60-140 KB) and a ``KEY.cls`` label.
 * ``train``    the same shard format for the training-loop workload.
 * ``samples``  ImageNet-like file-per-sample tree: ``nCLASS/IDX.jpg`` of ~100 KB.
-* ``bigfile``  one large file (1 GiB / 128 MiB), e.g. model weights.
+* ``bigfile``  one large file (1 GiB / 64 MiB), e.g. model weights.
 * ``overflow`` tar shards totalling twice the scenario's cache size.
 * ``fio``      ``fio/data.N`` files read by the fio jobs (one per job).
 """
@@ -106,22 +106,22 @@ class Dataset:
 def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
     """The benchmark's datasets at full or quick size."""
     if name == "shards":
-        return Dataset("shards", "shards", {"shards": 12 if quick else 32,
+        return Dataset("shards", "shards", {"shards": 8 if quick else 32,
                                             "samples_per_shard": 40 if quick else 80,
                                             "sample_lo": 60_000, "sample_hi": 140_000})
     if name == "train":
-        return Dataset("train", "shards", {"shards": 8 if quick else 32,
+        return Dataset("train", "shards", {"shards": 6 if quick else 32,
                                            "samples_per_shard": 64 if quick else 128,
                                            "sample_lo": 60_000, "sample_hi": 140_000})
     if name == "samples":
-        return Dataset("samples", "samples", {"files": 240 if quick else 2000,
+        return Dataset("samples", "samples", {"files": 160 if quick else 2000,
                                               "classes": 10 if quick else 50,
                                               "size_lo": 80_000, "size_hi": 120_000})
     if name == "bigfile":
-        return Dataset("bigfile", "blob", {"size": (128 << 20) if quick else (1 << 30),
+        return Dataset("bigfile", "blob", {"size": (64 << 20) if quick else (1 << 30),
                                            "pattern": "weights.bin"})
     if name == "overflow":
-        cache_mb = cache_mb or (32 if quick else 256)
+        cache_mb = cache_mb or (16 if quick else 256)
         shard_mb = 4 if quick else 8
         nshards = 2 * cache_mb // shard_mb
         return Dataset("overflow", "shards", {"shards": nshards,
@@ -129,7 +129,7 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
                                               "sample_lo": 80_000, "sample_hi": 120_000,
                                               "cache_mb": cache_mb})
     if name == "fio":
-        return Dataset("fio", "blob", {"size": (16 << 20) if quick else (128 << 20),
+        return Dataset("fio", "blob", {"size": (8 << 20) if quick else (128 << 20),
                                        "count": 4, "pattern": "data.{i}"})
     raise KeyError(name)
 

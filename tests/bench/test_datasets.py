@@ -57,7 +57,7 @@ def test_materialize_writes_manifest_and_reuses_it(tmp_path):
 
 
 def test_standard_overflow_is_twice_the_cache():
-    ds = standard("overflow", quick=True, cache_mb=32)
+    ds = standard("overflow", quick=True, cache_mb=16)
     p = ds.params
     approx = p["shards"] * p["samples_per_shard"] * (p["sample_lo"] + p["sample_hi"]) / 2
-    assert 1.8 * (32 << 20) <= approx <= 2.2 * (32 << 20)
+    assert 1.8 * (16 << 20) <= approx <= 2.2 * (16 << 20)

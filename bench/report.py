@@ -1,0 +1,138 @@
+"""Ratios, the printed table and the PNG plots of a benchmark run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.train import within
+
+
+def annotate(rows: list[dict]) -> list[dict]:
+    """Add ``x_local`` (value / local's value, same scenario+phase), ``x_link`` (MB/s /
+    link MB/s, same scenario) and, for train, ``within5_batch``."""
+    local = {(r["scenario"], r["phase"]): r for r in rows
+             if r["system"] == "local" and "value" in r}
+    link = {r["scenario"]: r for r in rows if r["system"] == "link" and "mbps" in r}
+    for r in rows:
+        if "value" not in r:
+            continue
+        lo = local.get((r["scenario"], r["phase"]))
+        if lo and lo["value"]:
+            r["x_local"] = r["value"] / lo["value"]
+        li = link.get(r["scenario"])
+        if li and li["mbps"] and r["system"] != "link" and r.get("mbps"):
+            r["x_link"] = r["mbps"] / li["mbps"]
+        if r["scenario"] == "train" and lo and "windows" in r and "windows" in lo:
+            steady = sorted(w["samples_per_s"] for w in lo["windows"][1:-1] or lo["windows"])
+            target = steady[len(steady) // 2]
+            r["local_steady_samples_per_s"] = target
+            r["within5_batch"] = within(r["windows"], target)
+    return rows
+
+
+def _fmt(v, spec, none="-"):
+    return none if v is None else format(v, spec)
+
+
+def _hit(r: dict) -> str:
+    if r.get("hit_rate") is not None:
+        return f"{r['hit_rate']:.2f}"
+    if r.get("byte_hit_rate_est") is not None:
+        return f"~{r['byte_hit_rate_est']:.2f}"
+    return "-"
+
+
+def table(rows: list[dict], meta: dict) -> str:
+    head = (f"{'scenario':9} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
+            f"{'x local':>8} {'x link':>7} {'hit':>6} {'pf prec':>7} {'link MB':>8} note")
+    out = [f"# python -m bench {' '.join(meta.get('argv', [])[1:])}",
+           f"# RTT {meta.get('rtt_ms')} ms, bandwidth "
+           f"{str(meta.get('mbit')) + ' Mbit/s' if meta.get('mbit') else 'unlimited'}, "
+           f"{'quick' if meta.get('quick') else 'full'}, {meta.get('cpus')} cpus",
+           head, "-" * len(head)]
+    for r in rows:
+        if "error" in r:
+            out.append(f"{r['scenario']:9} {r['phase']:9} {r['system']:23} "
+                       f"ERROR {r['error'][:110]}")
+            continue
+        note = []
+        if r.get("verify_errors"):
+            note.append(f"VERIFY ERRORS {r['verify_errors']}")
+        if r.get("within5_batch") is not None or (r["scenario"] == "train"
+                                                   and r["system"] not in ("link", "local")):
+            note.append(f"within 5% of local at batch {r.get('within5_batch') or 'never'}")
+        if r.get("stall_fraction") is not None:
+            note.append(f"stall {r['stall_fraction']:.0%}")
+        if r.get("mount", {}).get("page_cache_drop") and r["phase"] in ("cold", "epoch1"):
+            note.append(f"cache drop: {r['mount']['page_cache_drop']}")
+        thr = f"{r['value']:.1f} {r['unit']}"
+        out.append(
+            f"{r['scenario']:9} {r['phase']:9} {r['system']:23} {thr:>17} "
+            f"{_fmt(r.get('mbps'), '8.1f'):>8} {_fmt(r.get('x_local'), '8.2f'):>8} "
+            f"{_fmt(r.get('x_link'), '7.2f'):>7} {_hit(r):>6} "
+            f"{_fmt(r.get('prefetch_precision'), '7.2f'):>7} "
+            f"{r.get('link_bytes_down', 0) / 1e6:8.1f} {'; '.join(note)}")
+    out.append("hit: the system's own block hit rate; ~x = byte hit rate estimated as "
+               "1 - link bytes / bytes read. pf prec = used prefetched / prefetched bytes.")
+    return "\n".join(out)
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    scen = []
+    for r in rows:
+        if r["scenario"] not in scen:
+            scen.append(r["scenario"])
+    for s in scen:
+        rs = [r for r in rows if r["scenario"] == s and "value" in r]
+        if not rs:
+            continue
+        path = Path(out) / f"{s}.png"
+        if s == "train":
+            fig, ax = plt.subplots(figsize=(8, 4.5))
+            for r in rs:
+                if "windows" in r:
+                    ax.plot([w["batch"] for w in r["windows"]],
+                            [w["samples_per_s"] for w in r["windows"]],
+                            marker=".", label=r["system"])
+            ax.set_xlabel("batch")
+            ax.set_ylabel("samples/s (per window)")
+            ax.set_title("train: samples/s per batch window (cold)")
+            ax.legend()
+            ax.grid(alpha=0.3)
+        else:
+            phases = []
+            for r in rs:
+                if r["system"] != "link" and r["phase"] not in phases:
+                    phases.append(r["phase"])
+            systems = []
+            for r in rs:
+                if r["system"] != "link" and r["system"] not in systems:
+                    systems.append(r["system"])
+            fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(systems) * max(len(phases), 1)), 4.5))
+            width = 0.8 / max(len(phases), 1)
+            for i, ph in enumerate(phases):
+                vals = []
+                for sy in systems:
+                    m = [r for r in rs if r["system"] == sy and r["phase"] == ph]
+                    vals.append(m[0]["mbps"] if m else 0)
+                ax.bar([j + i * width for j in range(len(systems))], vals, width, label=ph)
+            link = [r for r in rs if r["system"] == "link"]
+            if link:
+                ax.axhline(link[0]["mbps"], color="k", ls="--", lw=1,
+                           label=f"link ceiling {link[0]['mbps']:.0f} MB/s")
+            ax.set_xticks([j + width * (len(phases) - 1) / 2 for j in range(len(systems))])
+            ax.set_xticklabels(systems, rotation=15)
+            ax.set_ylabel("MB/s")
+            ax.set_yscale("log")
+            ax.set_title(f"{s}: throughput per system")
+            ax.legend(fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        made.append(path)
+    return made

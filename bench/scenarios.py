@@ -1,0 +1,124 @@
+"""The scenario registry: name -> function(ctx) -> list of result rows.
+
+A row is a dict with at least ``scenario``, ``system``, ``phase`` and either ``value`` +
+``unit`` (+ ``seconds``, ``bytes``) or ``error``; ``Ctx.run_systems`` and ``Ctx.measure``
+fill in the rest (link bytes, hit rate, prefetch precision).  To add a scenario, write
+``def my_scenario(ctx): ...`` and ``register("name", my_scenario)`` -- see README.md.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from bench import train as train_mod
+from bench import workloads as wl
+from bench.systems import MountOptions
+
+SCENARIOS: dict[str, Callable] = {}
+
+
+def register(name: str, fn: Callable) -> Callable:
+    SCENARIOS[name] = fn
+    return fn
+
+
+def shards(ctx):
+    """WebDataset shards: shuffled shard order, each shard sequential; cold then warm."""
+    man = ctx.dataset("shards")
+
+    def body(ctx, m):
+        return [ctx.measure(m, "cold", lambda: wl.shards_epoch(m.root, "shards", man, 1)),
+                ctx.measure(m, "warm", lambda: wl.shards_epoch(m.root, "shards", man, 2))]
+    return ctx.run_systems("shards", "shards", man, body)
+
+
+def samples(ctx):
+    """File per sample (ImageNet-like), random order, 8 parallel readers; cold then warm."""
+    man = ctx.dataset("samples")
+
+    def body(ctx, m):
+        return [ctx.measure(m, "cold", lambda: wl.samples_epoch(m.root, "samples", man, 1)),
+                ctx.measure(m, "warm", lambda: wl.samples_epoch(m.root, "samples", man, 2))]
+    return ctx.run_systems("samples", "samples", man, body,
+                           link_value=lambda r: (r["files_per_s"], "files/s"))
+
+
+def bigfile(ctx):
+    """One large file read sequentially, cold (the model-weights cold start)."""
+    man = ctx.dataset("bigfile")
+
+    def body(ctx, m):
+        return [ctx.measure(m, "cold", lambda: wl.bigfile_read(m.root, "bigfile", man))]
+    return ctx.run_systems("bigfile", "bigfile", man, body)
+
+
+def train(ctx):
+    """Training loop at a fixed compute rate (~116 samples/s from local disk), cold."""
+    man = ctx.dataset("train")
+    p = man["signature"]["params"]
+    nsamples = p["shards"] * p["samples_per_shard"]
+    window = 4 if ctx.quick else 8
+
+    def body(ctx, m):
+        return [ctx.measure(m, "cold", lambda: train_mod.train_run(
+            m.root, "train", man, seed=1, window=window))]
+    return ctx.run_systems("train", "train", man, body,
+                           link_value=lambda r: (nsamples / r["seconds"], "samples/s"))
+
+
+def overflow(ctx):
+    """Three shuffled epochs over a dataset twice the cache size (cache set per system)."""
+    cache_mb = 16 if ctx.quick else 256
+    man = ctx.dataset("overflow", cache_mb=cache_mb)
+    opts = MountOptions(cache_mb=cache_mb, memory_cache_mb=max(cache_mb // 4, 8))
+    ctx.notes.append(f"overflow: cache {cache_mb} MiB (neuralcache disk {cache_mb} MiB + "
+                     f"memory {opts.memory_cache_mb} MiB; rclone --vfs-cache-max-size "
+                     f"{cache_mb}M; s3fs has no cache size limit), dataset "
+                     f"{sum(m['size'] for m in man['files'].values()) / 2**20:.0f} MiB; "
+                     "kernel page cache dropped before every epoch")
+
+    def body(ctx, m):
+        rows = []
+        for epoch in (1, 2, 3):
+            method = ctx.drop_caches(m, "overflow", level=1)
+            r = ctx.measure(m, f"epoch{epoch}",
+                            lambda: wl.shards_epoch(m.root, "overflow", man, 10 + epoch))
+            r["page_cache_drop"] = method
+            rows.append(r)
+        return rows
+    return ctx.run_systems("overflow", "overflow", man, body, opts=opts)
+
+
+def fio(ctx):
+    """fio jobs from bench/fio/*.fio, each on a fresh mount; parsed from fio's JSON."""
+    man = ctx.dataset("fio")
+    runtime = 3 if ctx.quick else 15
+    rows = []
+    systems = ctx.systems
+    for i, job in enumerate(wl.fio_jobs()):
+        def body(ctx, m, job=job):
+            return [ctx.measure(m, job, lambda: wl.fio_run(m.root, "fio", man, job, runtime))]
+        ctx.systems = [s for s in systems if s != "link" or i == 0]
+        try:
+            rows += ctx.run_systems("fio", "fio", man, body)
+        finally:
+            ctx.systems = systems
+    return rows
+
+
+for _fn in (shards, samples, train, bigfile, overflow, fio):
+    register(_fn.__name__, _fn)
+
+
+def _maybe_register_maze() -> None:
+    """bench/maze/scenario.py exposing ``scenario(ctx)`` becomes the ``maze`` scenario."""
+    try:
+        mod = importlib.import_module("bench.maze.scenario")
+    except ImportError:
+        return
+    fn = getattr(mod, "scenario", None)
+    if callable(fn):
+        register("maze", fn)
+
+
+_maybe_register_maze()
