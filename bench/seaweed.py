@@ -8,7 +8,9 @@ shaped this module (seen on this project's machines):
   put both succeed (we retry for up to ``READY_TIMEOUT_S``);
 * weed keeps unix sockets in /tmp named by port, so two instances need distinct ports
   for master, volume, filer and s3 (and their gRPC ports), and a restart must wait
-  for the old process to exit.
+  for the old process to exit;
+* the S3 gateway also opens Iceberg (8181) and Lance (9101) listeners on fixed ports,
+  which make a second instance exit: both are disabled.
 
 Usage::
 
@@ -105,6 +107,8 @@ class SeaweedServer:
             f"-filer.port={b + 2}", f"-filer.port.grpc={b + 10002}",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={b + 10003}",
             f"-s3.config={cfg}", "-volume.max=100", "-master.volumeSizeLimitMB=1024",
+            # fixed default ports (8181, 9101) would collide between instances: disable
+            "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
