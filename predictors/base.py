@@ -11,8 +11,7 @@ Semantics of a Prediction (what the daemon's prefetch scheduler may rely on):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Iterable, NamedTuple, Protocol, runtime_checkable
 
 from .events import Event
 
@@ -28,8 +27,9 @@ RATE_EWMA_ALPHA = 1.0 / 32
 DEFAULT_OPEN_GAP_S = 0.010
 
 
-@dataclass(frozen=True, slots=True)
-class Prediction:
+class Prediction(NamedTuple):
+    """Immutable (a NamedTuple: ~5x cheaper to build than a frozen dataclass, and
+    predict() builds dozens per call)."""
     path: str
     offset: int
     length: int
@@ -44,7 +44,7 @@ class Predictor(Protocol):
 
     def observe(self, ev: Event) -> None: ...
 
-    def predict(self, max_items: int) -> list[Prediction]: ...
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]: ...
 
     def set_catalog(self, entries: "Iterable[tuple[str, int]] | Catalog") -> None: ...
 
@@ -105,4 +105,4 @@ def whole_file(cat: Catalog, path: str, eta: float, prob: float, source: str,
     """A prediction for a whole object (cross-file predictors prefetch whole files; the
     scheduler fetches their first blocks first)."""
     return Prediction(path, 0, cat.size_of(path) if size is None else size, eta,
-                      min(1.0, max(0.0, prob)), source)
+                      1.0 if prob > 1.0 else (prob if prob > 0.0 else 0.0), source)

@@ -47,6 +47,10 @@ CLASSIFY_AFTER = WINDOW // 2
 # Ordered predictors used as fallback when the class's own predictor has nothing, if
 # their measured depth-1 hit rate is at least this.
 FALLBACK_MIN_CONF = 0.6
+# While the class says "shuffled", a successor whose depth-1 hit rate reached this is
+# trusted anyway (a repeated order shows in its hit rate after ~16 opens, in the feature
+# window only after ~64).
+ORDERED_OVERRIDE_CONF = 0.8
 # Within-file continuations listed at most (one per file being read sequentially).
 SEQ_ITEMS = 8
 
@@ -114,24 +118,33 @@ class EnsemblePredictor:
             return []
         if pat == "random":
             return []
+        depth = min(max_items, self.depth())
         if pat == "shuffled":
-            preds = self.epochset.predict(max_items)
-        else:
-            primary = self.successor if pat == "repeated" else self.stride
-            preds = primary.predict(min(max_items, self.depth()))
-            if not preds:
-                best = max((self.stride, self.successor), key=lambda p: p.confidence())
-                if best.confidence() >= FALLBACK_MIN_CONF:
-                    preds = best.predict(min(max_items, self.depth()))
-        return [Prediction(p.path, p.offset, p.length, p.eta_s, p.prob * pp, p.source)
-                for p in preds]
+            # the classifier needs a window to notice that a new epoch repeats the last
+            # one; the successor's own hit rate notices within a few opens
+            if self.successor.confidence() >= ORDERED_OVERRIDE_CONF:
+                return self.successor.predict(depth, pp)
+            return self.epochset.predict(max_items, pp)
+        primary = self.successor if pat == "repeated" else self.stride
+        preds = primary.predict(depth, pp)
+        if not preds:
+            best = max((self.stride, self.successor), key=lambda p: p.confidence())
+            if best.confidence() >= FALLBACK_MIN_CONF:
+                preds = best.predict(depth, pp)
+        return preds
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         if max_items <= 0:
             return []
         out = self.seqread.predict(min(SEQ_ITEMS, max_items))
         seen = {p.path for p in out}
-        for p in self._cross_file(max_items):
+        cross = self._cross_file(max_items)
+        if prob_scale != 1.0:
+            cross = [p._replace(prob=p.prob * prob_scale) for p in cross]
+            out = [p._replace(prob=p.prob * prob_scale) for p in out]
+        if not seen:
+            return cross[:max_items]
+        for p in cross:
             if len(out) >= max_items:
                 break
             if p.path not in seen:

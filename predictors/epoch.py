@@ -7,8 +7,8 @@ epoch boundaries from the access stream and ranks paths for eviction:
 
     class 0  consumed this epoch and no longer active -> evict first, newest consumed first
              (newest-first also keeps the head of a repeated order across epochs);
-    class 1  consumed this epoch but opened among the last ACTIVE_OPENS opens (a reader
-             may still be working on it, e.g. a shard read in chunks);
+    class 1  consumed this epoch but accessed within the last ACTIVE_EVENTS events (a
+             reader may still be working on it, e.g. a shard read in chunks);
     class 2  not read this epoch (still to come, or unknown/prefetched) -> LRU among them.
 """
 from __future__ import annotations
@@ -18,9 +18,14 @@ from typing import Iterable
 from .base import Catalog
 from .events import Event
 
-# Opens of distinct paths within which a path counts as "still being read". 32 covers
-# 8 DataLoader workers x prefetch_factor 2 x 2 files each in flight.
+# A re-open of a path within this many opens of distinct paths is the same reader (or
+# another worker) touching it again, not a new pass: 32 covers 8 DataLoader workers x
+# prefetch_factor 2 x 2 files each in flight.
 ACTIVE_OPENS = 32
+# A path accessed (open or read) within the last this-many events is "still being read"
+# and protected from eviction: 64 = 8 workers each issuing ~8 reads of a shard in chunks
+# while the others do the same.
+ACTIVE_EVENTS = 64
 # A re-read of something already consumed this epoch ends the epoch once this fraction
 # of the expected working set was read (stragglers and dropped tail batches mean real
 # epochs rarely cover 100%: drop_last loses < 1 batch, DistributedSampler pads < w).
@@ -53,6 +58,8 @@ class EpochTracker:
         self._members_cur: list[str] = []
         self.prev_order: list[str] = []    # last epoch's paths in first-access order
         self.boundaries: list[int] = []    # seq at which each new epoch started
+        self.events = 0                    # all events observed
+        self._touch: dict[str, int] = {}   # path -> event number of its last access
         self.set_catalog(catalog)
 
     def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
@@ -74,6 +81,8 @@ class EpochTracker:
         Opens and reads both count as accesses; a read never ends an epoch (a worker may
         keep a shard open and read it in chunks long after it opened it)."""
         path = ev.path
+        self.events += 1
+        self._touch[path] = self.events
         if self._last_epoch.get(path) == self.epoch:
             if ev.op != "open":
                 return False
@@ -119,8 +128,9 @@ class EpochTracker:
         return self._last_epoch.get(path) == self.epoch
 
     def active(self, path: str) -> bool:
-        s = self._seq_of.get(path)
-        return s is not None and self.seq - s < ACTIVE_OPENS
+        """Accessed within the last ACTIVE_EVENTS events (probably still being read)."""
+        e = self._touch.get(path)
+        return e is not None and self.events - e < ACTIVE_EVENTS
 
     def evict_rank(self, path: str) -> float:
         """Lower = evict first (see module docstring for the three classes)."""
@@ -128,7 +138,7 @@ class EpochTracker:
         if s is None:
             return 2 * _CLASS + self.seq      # unknown (e.g. prefetched, not yet read)
         if self._last_epoch.get(path) == self.epoch:
-            if self.seq - s < ACTIVE_OPENS:
+            if self.active(path):
                 return _CLASS + s
             return float(self.seq - s)        # newest consumed first
         return 2 * _CLASS + s                 # LRU among the not-yet-consumed

@@ -59,11 +59,11 @@ class EpochSetPredictor:
                 self.unread[i] = False
                 self.remaining -= 1
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         r = self.remaining
         if r <= 0 or max_items <= 0:
             return []
-        prob = min(1.0, PROB_HORIZON_OPENS / r)
+        prob = min(1.0, PROB_HORIZON_OPENS / r) * prob_scale
         if self.first_epoch:
             prob *= FIRST_EPOCH_PROB_SCALE
         eta = self.rate.eta((r + 1) / 2)

@@ -83,10 +83,11 @@ class HintPredictor:
         if self.cursor is not None:
             self.cursor.consume(ev.path)
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         c = self.cursor
         if c is None or c.done:
             return []
         order, cat, rate = c.order, self.catalog, self.rate
-        return [whole_file(cat, order[p], rate.eta(j + 1), HINT_PROB, self.name)
+        return [whole_file(cat, order[p], rate.eta(j + 1), HINT_PROB * prob_scale,
+                           self.name)
                 for j, p in enumerate(c.upcoming(max_items))]

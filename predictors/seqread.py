@@ -55,7 +55,7 @@ class SeqReadPredictor:
         f.last_len = ev.len
         f.size = max(f.size, ev.size)
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         out: list[Prediction] = []
         for path in reversed(self.files):
             if len(out) >= max_items:
@@ -64,5 +64,5 @@ class SeqReadPredictor:
             if f.run >= SEQ_MIN_RUN and f.end < f.size:
                 win = min(SEQ_MAX_WINDOW, f.last_len << min(f.run, 16))
                 out.append(Prediction(path, f.end, min(win, f.size - f.end), 0.0,
-                                      SEQ_PROB, self.name))
+                                      SEQ_PROB * prob_scale, self.name))
         return out

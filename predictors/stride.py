@@ -99,7 +99,7 @@ class StridePredictor:
                 if self.seq - s.seen < STREAM_IDLE_OPENS and s.agree >= STRIDE_MIN_AGREE]
         return max(live, default=0.0)
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         n = len(self.catalog)
         if n == 0 or max_items <= 0:
             return []
@@ -123,7 +123,7 @@ class StridePredictor:
                 if idx in emitted or last_open[idx] > recent:
                     continue
                 emitted.add(idx)
-                prob = s.conf * decay * (WRAP_PROB_SCALE if raw != idx else 1.0)
+                prob = s.conf * decay * prob_scale * (WRAP_PROB_SCALE if raw != idx else 1.0)
                 out.append(whole_file(self.catalog, paths[idx], self.rate.eta(len(out) + 1),
                                       prob, self.name, sizes[idx]))
                 if len(out) >= max_items:

@@ -56,10 +56,10 @@ class SuccessorPredictor:
     def confidence(self) -> float:
         return self.conf if self.cursor is not None and not self.cursor.done else 0.0
 
-    def predict(self, max_items: int) -> list[Prediction]:
+    def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         c = self.cursor
         if c is None or c.done or self.conf <= 0.0:
             return []
-        order, cat, rate, conf = c.order, self.catalog, self.rate, self.conf
+        order, cat, rate, conf = c.order, self.catalog, self.rate, self.conf * prob_scale
         return [whole_file(cat, order[p], rate.eta(j + 1), conf, self.name)
                 for j, p in enumerate(c.upcoming(max_items))]

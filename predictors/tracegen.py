@@ -89,6 +89,7 @@ class Trace:
     catalog: list[tuple[str, int]]
     events: list[Event]
     labels: list[str]                         # class label of each event
+    epoch_of: list[int]                       # epoch of each event (ground truth)
     order: list[str] = field(default_factory=list)   # sampler order (what hints would say)
 
 
@@ -132,7 +133,7 @@ def generate(spec: TraceSpec, perm: Perm = numpy_perm) -> Trace:
     catalog = [(f"train/{i:06d}.{ext}", int(sizes[i])) for i in range(s.n_files)]
     batch = 1 if shards else s.batch
     chunk = s.chunk or (256 << 10 if shards else 0)
-    timed: list[tuple[float, int, Event, str]] = []
+    timed: list[tuple[float, int, Event, str, int]] = []
     order: list[str] = []
     t0 = 0.0
     for e, idx in enumerate(_epoch_orders(s, perm)):
@@ -151,18 +152,19 @@ def generate(spec: TraceSpec, perm: Perm = numpy_perm) -> Trace:
             for i in items:
                 path, size = catalog[i]
                 timed.append((t, len(timed), Event(round(t, 6), "open", path, 0, 0, pid, size),
-                              label))
+                              label, e))
                 step = chunk if chunk else size
                 for off in range(0, size, step):
                     t += 0.0002 + (s.sample_s * step / size if chunk else 0.0)
                     ln = min(step, size - off)
                     timed.append((t, len(timed), Event(round(t, 6), "read", path, off, ln, pid,
-                                                        size), label))
+                                                        size), label, e))
                 t += s.sample_s * rng.uniform(0.8, 1.2)
             end = max(end, t)
         t0 = end + 0.001
     timed.sort(key=lambda x: (x[0], x[1]))
-    return Trace(spec, catalog, [x[2] for x in timed], [x[3] for x in timed], order)
+    return Trace(spec, catalog, [x[2] for x in timed], [x[3] for x in timed],
+                 [x[4] for x in timed], order)
 
 
 def family_spec(family: str, seed: int = 0, **kw) -> TraceSpec:
