@@ -73,9 +73,9 @@ def test_eval_set_disjoint_from_training():
 
 
 def test_eval_collision_is_skipped():
-    """On a 2x2 grid collisions are certain; the writer must skip every eval task."""
-    ev = {m.key() for m in mazes.eval_set(2, 2)}
-    gen = data.training_tasks(0, 2, 2, 200, 1_000_003)
+    """On a 2x3 grid (450 distinct tasks) collisions are near certain; the writer must skip every eval task."""
+    ev = {m.key() for m in mazes.eval_set(2, 3)}
+    gen = data.training_tasks(0, 2, 3, 200, 1_000_003)
     got = []
     try:
         while True:

@@ -1,0 +1,169 @@
+"""BlockStore: single flight, tiers, corrupt blocks, unwritable cache (no kernel)."""
+import threading
+import time
+
+import trio
+
+from neuralcache import limiter as lim
+from neuralcache.backends.posix import PosixBackend
+from neuralcache.blocks import BlockStore, Pinned
+from neuralcache.cache import BlockKey, DiskTier, MemoryTier
+from neuralcache.errors import NotFound
+from neuralcache.stats import Stats
+
+from conftest import payload
+
+BS = 64 << 10
+
+
+class CountingBackend(PosixBackend):
+    """The POSIX backend, counting and slowing reads to widen race windows."""
+
+    def __init__(self, root, delay=0.05):
+        super().__init__(root)
+        self.calls = []
+        self.delay = delay
+        self._lock = threading.Lock()
+
+    def read(self, key, offset, length, version):
+        with self._lock:
+            self.calls.append((key, offset, length))
+        time.sleep(self.delay)
+        return super().read(key, offset, length, version)
+
+
+def make(tmp_path, data, *, disk=True, mem=1 << 20, delay=0.05):
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    if not (src / "f.bin").exists():
+        (src / "f.bin").write_bytes(data)
+    be = CountingBackend(str(src), delay)
+    info = be.stat("f.bin")
+    d = None
+    if disk:
+        d = DiskTier(str(tmp_path / "cache"), 1 << 30)
+        d.load()
+    store = BlockStore(be, MemoryTier(mem), d, Stats(), block_size=BS, concurrency=8)
+    return be, store, Pinned(info.key, info.version, info.size)
+
+
+def run_with_store(store, fn):
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            try:
+                return await fn()
+            finally:
+                n.cancel_scope.cancel()
+    return trio.run(main)
+
+
+def test_single_flight_many_readers_one_fetch(tmp_path):
+    data = payload(7, 3 * BS + 100)
+    be, store, obj = make(tmp_path, data)
+    results = []
+
+    async def fn():
+        async def reader(off):
+            results.append((off, await store.read(obj, off, 1000)))
+        async with trio.open_nursery() as n:
+            for i in range(20):
+                n.start_soon(reader, BS + i * 10)
+
+    run_with_store(store, fn)
+    assert len(be.calls) == 1
+    assert all(r == data[off:off + 1000] for off, r in results)
+    assert store.stats.singleflight_joins >= 19
+
+
+def test_reads_across_blocks_and_end_of_file(tmp_path):
+    data = payload(8, 3 * BS + 100)
+    be, store, obj = make(tmp_path, data, delay=0)
+
+    async def fn():
+        assert await store.read(obj, BS - 10, 30) == data[BS - 10:BS + 20]
+        assert await store.read(obj, 0, len(data) + 999) == data
+        assert await store.read(obj, len(data), 10) == b""
+        assert await store.read(obj, 3 * BS + 50, 1000) == data[3 * BS + 50:]
+
+    run_with_store(store, fn)
+
+
+def test_disk_tier_serves_after_memory_eviction_and_restart(tmp_path):
+    data = payload(9, 4 * BS)
+    be, store, obj = make(tmp_path, data, mem=BS, delay=0)
+
+    async def fn():
+        assert await store.read(obj, 0, len(data)) == data
+        await trio.sleep(0.2)          # let background disk writes land
+    run_with_store(store, fn)
+    n_before = len(be.calls)
+    be2, store2, obj2 = make(tmp_path, data, mem=BS, delay=0)
+
+    async def fn2():
+        return await store2.read(obj2, 0, len(data))
+    assert run_with_store(store2, fn2) == data
+    assert len(be2.calls) == 0 and n_before == 4
+    assert store2.stats.disk_hits == 4
+
+
+def test_corrupt_disk_block_is_refetched(tmp_path):
+    data = payload(10, 2 * BS)
+    be, store, obj = make(tmp_path, data, mem=BS, delay=0)
+
+    async def fn():
+        await store.read(obj, 0, len(data))
+        await trio.sleep(0.2)
+    run_with_store(store, fn)
+    path = store.disk._path(BlockKey(obj.key, obj.version, 1).name())
+    raw = bytearray(open(path, "rb").read())
+    raw[100] ^= 1
+    open(path, "wb").write(bytes(raw))
+    be2, store2, obj2 = make(tmp_path, data, mem=BS, delay=0)
+
+    async def fn2():
+        return await store2.read(obj2, 0, len(data))
+    assert run_with_store(store2, fn2) == data
+    assert be2.calls == [("f.bin", BS, BS)]
+    assert store2.disk.corrupt_blocks == 1
+
+
+def test_unwritable_disk_is_pass_through(tmp_path):
+    data = payload(11, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.disk.root = "/proc/neuralcache-cannot-write-here"
+
+    async def fn():
+        return await store.read(obj, 0, len(data))
+    assert run_with_store(store, fn) == data
+    assert store.disk.writable is False
+
+
+def test_prefetch_then_demand_counts_used_bytes(tmp_path):
+    data = payload(12, 4 * BS)
+    be, store, obj = make(tmp_path, data, delay=0.01)
+
+    async def fn():
+        assert store.prefetch(obj, 2, lim.READAHEAD)
+        assert not store.prefetch(obj, 2, lim.READAHEAD)      # already in flight
+        await trio.sleep(0.2)
+        assert await store.read(obj, 2 * BS, 10) == data[2 * BS:2 * BS + 10]
+    run_with_store(store, fn)
+    s = store.stats
+    assert s.readahead_bytes_fetched == BS and s.readahead_bytes_used == BS
+    assert len(be.calls) == 1
+
+
+def test_missing_object_error_reaches_reader_only(tmp_path):
+    data = payload(13, BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    (tmp_path / "src" / "f.bin").unlink()
+
+    async def fn():
+        store.prefetch(obj, 0, lim.PREFETCH)      # must not raise anywhere
+        await trio.sleep(0.05)
+        try:
+            await store.read(obj, 0, 10)
+        except NotFound:
+            return "notfound"
+    assert run_with_store(store, fn) == "notfound"

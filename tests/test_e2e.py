@@ -1,0 +1,275 @@
+"""End-to-end: real FUSE mounts (through the CLI) of a real SeaweedFS bucket and of a
+POSIX directory; every byte read is compared with the source by xxhash."""
+import errno
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
+                      run_cli, upload_tree)
+
+pytestmark = [needs_fuse, pytest.mark.e2e]
+
+MB = 1 << 20
+DATASET = {
+    "train/shard-000.tar": payload(100, 9 * MB + 12345),     # > one 8 MiB block
+    "train/shard-001.tar": payload(101, 3 * MB),
+    "train/class a/img 001.jpg": payload(102, 100_000),
+    "train/class a/img 002.jpg": payload(103, 99_999),
+    "train/classü/x.jpg": payload(104, 1),
+    "val/empty.bin": b"",
+    "README.txt": b"a generated dataset\n",
+}
+
+
+@pytest.fixture(scope="module")
+def dataset_bucket(seaweed, s3):
+    b = new_bucket(s3)
+    upload_tree(s3, b, DATASET)
+    return b
+
+
+@pytest.fixture
+def env(seaweed):
+    return cli_env(seaweed)
+
+
+def s3_mount(seaweed, bucket, tmp_path, *args, cache="cache"):
+    return mounted(f"s3://{bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                   cache_dir=tmp_path / cache,
+                   args=["--endpoint-url", seaweed.endpoint, *args])
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def stats(mp) -> dict:
+    return json.loads((Path(mp) / ".neuralcache" / "stats.json").read_text())
+
+
+@pytest.fixture(params=["s3", "posix"])
+def any_mount(request, tmp_path):
+    if request.param == "s3":
+        sw = request.getfixturevalue("seaweed")
+        bucket = request.getfixturevalue("dataset_bucket")
+        with s3_mount(sw, bucket, tmp_path) as mp:
+            yield mp
+    else:
+        src = tmp_path / "src"
+        for k, v in DATASET.items():
+            (src / k).parent.mkdir(parents=True, exist_ok=True)
+            (src / k).write_bytes(v)
+        with mounted(str(src), tmp_path / "mnt", cache_dir=tmp_path / "cache") as mp:
+            yield mp
+
+
+def test_listing_stat_and_every_byte(any_mount):
+    mp = any_mount
+    got = read_tree(mp)
+    assert set(got) == set(DATASET)                     # control dir hidden from walks
+    for k, v in DATASET.items():
+        assert digest(got[k]) == digest(v), k
+        st_ = os.stat(mp / k)
+        assert st_.st_size == len(v) and oct(st_.st_mode & 0o777) == "0o444"
+    assert sorted(os.listdir(mp / "train")) == sorted(["class a", "classü", "shard-000.tar",
+                                                        "shard-001.tar"])
+    s = stats(mp)
+    assert s["bytes_served"] >= sum(len(v) for v in DATASET.values())
+    assert s["files"] == len(DATASET)
+
+
+def test_read_only(any_mount):
+    mp = any_mount
+    with pytest.raises(OSError) as e:
+        open(mp / "README.txt", "wb")
+    assert e.value.errno in (errno.EROFS, errno.EACCES)
+    with pytest.raises(OSError) as e:
+        os.mkdir(mp / "newdir")
+    assert e.value.errno in (errno.EROFS, errno.EACCES)
+    with pytest.raises(FileNotFoundError):
+        open(mp / "no" / "such")
+
+
+def test_random_reads_match_source(seaweed, dataset_bucket, tmp_path):
+    key = "train/shard-000.tar"
+    src = DATASET[key]
+    with s3_mount(seaweed, dataset_bucket, tmp_path, "--block-size", "1M") as mp:
+        fd = os.open(mp / key, os.O_RDONLY)
+        try:
+            @settings(max_examples=60, deadline=None,
+                      suppress_health_check=[HealthCheck.function_scoped_fixture])
+            @given(off=st.integers(0, len(src) + 10), size=st.integers(0, 3 * MB))
+            def check(off, size):
+                assert digest(os.pread(fd, size, off)) == digest(src[off:off + size])
+            check()
+        finally:
+            os.close(fd)
+
+
+def test_concurrent_readers(seaweed, dataset_bucket, tmp_path):
+    errors = []
+
+    def reader(i):
+        try:
+            for k in sorted(DATASET)[i % 3:] + sorted(DATASET):
+                with open(mp / k, "rb") as f:
+                    chunk = bytearray()
+                    while b := f.read(65536 + i * 4096):
+                        chunk += b
+                if digest(bytes(chunk)) != digest(DATASET[k]):
+                    errors.append(k)
+        except Exception as exc:  # collected and asserted below
+            errors.append(repr(exc))
+
+    with s3_mount(seaweed, dataset_bucket, tmp_path, "--block-size", "1M") as mp:
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        s = stats(mp)
+    assert errors == []
+    # single flight: the data crossed the link about once, not 8 times
+    assert s["bytes_fetched"] < 2 * sum(len(v) for v in DATASET.values())
+
+
+def test_replaced_object_never_mixes_versions(seaweed, s3, tmp_path):
+    bucket = new_bucket(s3)
+    old, new = payload(1, 4 * MB), payload(2, 4 * MB + 7)
+    s3.put_object(Bucket=bucket, Key="w.bin", Body=old)
+    with s3_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "1",
+                  "--block-size", "1M", "--readahead", "off") as mp:
+        f = open(mp / "w.bin", "rb", buffering=0)
+        first = f.read(MB)
+        assert first == old[:MB]
+        s3.put_object(Bucket=bucket, Key="w.bin", Body=new)
+        # the open handle keeps its version: old bytes, or ESTALE, never new ones
+        try:
+            rest = f.read()
+            assert first + rest == old
+        except OSError as e:
+            assert e.errno == errno.ESTALE
+        f.close()
+        time.sleep(1.5)
+        assert digest((mp / "w.bin").read_bytes()) == digest(new)
+        assert os.stat(mp / "w.bin").st_size == len(new)
+
+
+def test_restart_with_warm_disk_cache(seaweed, dataset_bucket, tmp_path):
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        first = read_tree(mp)
+        time.sleep(0.5)
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        again = read_tree(mp)
+        s = stats(mp)
+    assert {k: digest(v) for k, v in again.items()} == {k: digest(v) for k, v in first.items()}
+    assert s["bytes_fetched"] == 0 and s["disk_hits"] > 0
+
+
+def test_corrupted_cache_block_is_refetched(seaweed, dataset_bucket, tmp_path):
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        read_tree(mp)
+        time.sleep(0.5)
+    blocks = sorted(p for p in (tmp_path / "cache").rglob("blocks/*/*") if p.is_file())
+    assert blocks
+    for p in blocks:                       # flip one byte in every block
+        raw = bytearray(p.read_bytes())
+        raw[-1] ^= 0xFF
+        p.write_bytes(bytes(raw))
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        got = read_tree(mp)
+        s = stats(mp)
+    assert {k: digest(v) for k, v in got.items()} == {k: digest(v) for k, v in DATASET.items()}
+    assert s["corrupt_blocks_dropped"] == len(blocks)
+    assert s["bytes_fetched"] > 0
+
+
+def test_stats_and_trace_commands(seaweed, dataset_bucket, tmp_path, env):
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        (mp / "README.txt").read_bytes()
+        r = run_cli("stats", mp, "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        s = json.loads(r.stdout)
+        for key in ("bytes_served", "bytes_fetched", "mem_hits", "mem_misses", "disk_hits",
+                    "disk_misses", "hit_rate", "readahead_bytes_fetched",
+                    "readahead_bytes_used", "prefetch_precision", "backend_requests",
+                    "backend_latency_ms", "cache_disk_bytes", "cache_mem_bytes"):
+            assert key in s
+        r = run_cli("stats", mp, env=env)
+        assert r.returncode == 0 and "hit rate" in r.stdout
+        out = tmp_path / "trace.jsonl"
+        r = run_cli("trace", mp, "--out", out, env=env)
+        assert r.returncode == 0, r.stderr
+        events = [json.loads(line) for line in out.read_text().splitlines()]
+        assert {"t", "op", "path", "off", "len", "pid", "size"} <= set(events[0])
+        assert any(e["op"] == "open" and e["path"] == "README.txt" for e in events)
+        assert any(e["op"] == "read" and e["path"] == "README.txt" for e in events)
+
+
+def test_hints_accept_good_refuse_bad(seaweed, dataset_bucket, tmp_path):
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        hints = mp / ".neuralcache" / "hints"
+        hints.write_text("train/shard-001.tar\ntrain/class a/img 001.jpg\n")
+        assert stats(mp)["hints"] == 2
+        with pytest.raises(OSError) as e:
+            hints.write_text("train/shard-001.tar\nno/such/file\n")
+        assert e.value.errno == errno.EINVAL
+        assert stats(mp)["hints"] == 2           # a bad hint changes nothing
+
+
+def test_mount_errors_are_one_line_and_leave_nothing_mounted(seaweed, s3, dataset_bucket,
+                                                             tmp_path, env):
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    cases = [
+        (["mount", "s3://no-such-bucket", mp, "--endpoint-url", seaweed.endpoint], env,
+         "does not exist"),
+        (["mount", f"s3://{dataset_bucket}", mp, "--endpoint-url", seaweed.endpoint],
+         cli_env(seaweed, AWS_ACCESS_KEY_ID="bad", AWS_SECRET_ACCESS_KEY="bad"), "denied"),
+        (["mount", f"s3://{dataset_bucket}", mp, "--endpoint-url", "http://127.0.0.1:9"],
+         env, "cannot reach"),
+        (["mount", f"s3://{dataset_bucket}", tmp_path / "missing", "--endpoint-url",
+          seaweed.endpoint], env, "does not exist"),
+        (["mount", f"s3://{dataset_bucket}", mp, "--cache-size", "big"], env, "cache size"),
+    ]
+    for argv, e, word in cases:
+        r = run_cli(*argv, "--cache-dir", tmp_path / "c", env=e, timeout=60)
+        assert r.returncode == 1, (argv, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and word in r.stderr, (argv, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert not is_mounted(mp)
+    # busy: a second mount on the same mountpoint
+    with s3_mount(seaweed, dataset_bucket, tmp_path):
+        r = run_cli("mount", f"s3://{dataset_bucket}", mp, "--endpoint-url",
+                    seaweed.endpoint, "--cache-dir", tmp_path / "c2", env=env)
+        assert r.returncode == 1 and "busy" in r.stderr
+    r = run_cli("umount", tmp_path, env=env)
+    assert r.returncode == 1 and "not mounted" in r.stderr
+
+
+def test_umount_after_daemon_killed(seaweed, dataset_bucket, tmp_path, env):
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        pid = stats(mp)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.raises(OSError):
+            os.listdir(mp)                     # "transport endpoint is not connected"
+        r = run_cli("umount", mp, env=env)
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(mp)
+    # and it mounts again on the same cache
+    with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
+        assert (mp / "README.txt").read_bytes() == DATASET["README.txt"]
