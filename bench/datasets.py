@@ -114,7 +114,7 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
                                            "samples_per_shard": 64 if quick else 128,
                                            "sample_lo": 60_000, "sample_hi": 140_000})
     if name == "samples":
-        return Dataset("samples", "samples", {"files": 160 if quick else 2000,
+        return Dataset("samples", "samples", {"files": 128 if quick else 2000,
                                               "classes": 10 if quick else 50,
                                               "size_lo": 80_000, "size_hi": 120_000})
     if name == "bigfile":

@@ -36,14 +36,14 @@ def _fmt(v, spec, none="-"):
 def _hit(r: dict) -> str:
     if r.get("hit_rate") is not None:
         return f"{r['hit_rate']:.2f}"
-    if r.get("byte_hit_rate_est") is not None:
-        return f"~{r['byte_hit_rate_est']:.2f}"
+    if r.get("served_by_page_cache"):
+        return "pgc"
     return "-"
 
 
 def table(rows: list[dict], meta: dict) -> str:
     head = (f"{'scenario':9} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
-            f"{'x local':>8} {'x link':>7} {'hit':>6} {'pf prec':>7} {'link MB':>8} note")
+            f"{'x local':>8} {'x link':>7} {'hit':>5} {'~hit':>5} {'pf prec':>7} {'link MB':>8} note")
     out = [f"# python -m bench {' '.join(meta.get('argv', [])[1:])}",
            f"# RTT {meta.get('rtt_ms')} ms, bandwidth "
            f"{str(meta.get('mbit')) + ' Mbit/s' if meta.get('mbit') else 'unlimited'}, "
@@ -68,11 +68,14 @@ def table(rows: list[dict], meta: dict) -> str:
         out.append(
             f"{r['scenario']:9} {r['phase']:9} {r['system']:23} {thr:>17} "
             f"{_fmt(r.get('mbps'), '8.1f'):>8} {_fmt(r.get('x_local'), '8.2f'):>8} "
-            f"{_fmt(r.get('x_link'), '7.2f'):>7} {_hit(r):>6} "
+            f"{_fmt(r.get('x_link'), '7.2f'):>7} {_hit(r):>5} "
+            f"{_fmt(r.get('byte_hit_rate_est'), '5.2f'):>5} "
             f"{_fmt(r.get('prefetch_precision'), '7.2f'):>7} "
             f"{r.get('link_bytes_down', 0) / 1e6:8.1f} {'; '.join(note)}")
-    out.append("hit: the system's own block hit rate; ~x = byte hit rate estimated as "
-               "1 - link bytes / bytes read. pf prec = used prefetched / prefetched bytes.")
+    out.append("hit: the system's own hit rate (neuralcache: demand-hit bytes / bytes served; "
+               "pgc = all reads served by the kernel page cache); ~hit: 1 - link bytes / "
+               "bytes read, for every remote system; pf prec: used / fetched read-ahead + "
+               "prefetch bytes.")
     return "\n".join(out)
 
 

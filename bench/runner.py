@@ -144,18 +144,20 @@ def _plain(info: dict) -> dict:
 def _stats_delta(s0: dict, s1: dict) -> dict:
     """Hit rate and prefetch precision over one phase from two ``stats --json`` snapshots."""
     d = lambda k: (s1.get(k) or 0) - (s0.get(k) or 0)  # noqa: E731
-    out = {}
-    lookups = d("mem_hits") + d("mem_misses")
-    if lookups > 0:
-        out["hit_rate"] = (d("mem_hits") + d("disk_hits")) / lookups
-    elif "hit_rate" in s1:
-        out["hit_rate"] = s1["hit_rate"]
+    out = {"bytes_served": d("bytes_served"), "bytes_fetched": d("bytes_fetched")}
+    if "demand_hit_bytes" in s1:      # hit_rate is demand_hit_bytes / bytes_served
+        if d("bytes_served") > 0:
+            out["hit_rate"] = d("demand_hit_bytes") / d("bytes_served")
+    else:                             # the DEVELOPING.md definition, over block lookups
+        lookups = d("mem_hits") + d("mem_misses")
+        if lookups > 0:
+            out["hit_rate"] = (d("mem_hits") + d("disk_hits")) / lookups
+    if d("bytes_served") == 0 and d("reads") == 0:
+        out["served_by_page_cache"] = True   # nothing reached the daemon (keep_cache)
     fetched = d("readahead_bytes_fetched") + d("prefetch_bytes_fetched")
     if fetched > 0:
-        out["prefetch_precision"] = (d("readahead_bytes_used") + d("prefetch_bytes_used")) / fetched
-    elif s1.get("prefetch_precision") is not None and fetched == 0 and "prefetch_precision" in s1:
-        out["prefetch_precision"] = None
-    out["bytes_fetched"] = d("bytes_fetched")
+        out["prefetch_precision"] = min(
+            1.0, (d("readahead_bytes_used") + d("prefetch_bytes_used")) / fetched)
     return out
 
 

@@ -118,7 +118,8 @@ def fio_run(root: Path, ds_name: str, manifest: dict, job: str, runtime_s: int) 
     errors = sum(j.get("error", 0) for j in out["jobs"])
     clat = rd.get("clat_ns", {}).get("percentile", {})
     return {"seconds": dt, "bytes": rd["io_bytes"], "verify_errors": errors,
-            "value": rd["bw_bytes"] / 1e6, "unit": "MB/s", "iops": rd["iops"],
+            "value": rd["bw_bytes"] / 1e6, "unit": "MB/s", "mbps": rd["bw_bytes"] / 1e6,
+            "iops": rd["iops"],
             "fio_runtime_s": rd["runtime"] / 1000,
             "clat_p50_ms": clat.get("50.000000", 0) / 1e6,
             "clat_p99_ms": clat.get("99.000000", 0) / 1e6}

@@ -9,7 +9,8 @@ harness then uploads to S3)::
 
 A record (one ``.bin`` file, or one ``.tokens`` tar member; the bytes are identical)::
 
-    b"NCMZ" | u8 version | u8 rows | u8 cols | u8 0 | u32 index | u16 n_tokens | u16 prompt_len
+    b"NCMZ" | u8 version | u8 rows | u8 cols | u8 answer format (0 path, 1 walk) | u32 index
+    | u16 n_tokens | u16 prompt_len
     | n_tokens x u16 token ids (little endian) | zero padding up to ``pad_to`` bytes (optional)
 
 Everything is a pure function of (seed, rows, cols, n_train, shard_size, pad_to): two
@@ -51,9 +52,10 @@ def member_name(i: int) -> str:
     return f"{i:06d}.tokens"
 
 
-def encode_record(index: int, maze: mazes.Maze, pad_to: int = 0) -> bytes:
-    toks = mazes.to_tokens(maze)
-    body = HEADER.pack(MAGIC, VERSION, maze.rows, maze.cols, 0, index, len(toks),
+def encode_record(index: int, maze: mazes.Maze, pad_to: int = 0,
+                  fmt: str = mazes.DEFAULT_FORMAT) -> bytes:
+    toks = mazes.to_tokens(maze, fmt)
+    body = HEADER.pack(MAGIC, VERSION, maze.rows, maze.cols, mazes.FORMATS.index(fmt), index, len(toks),
                        mazes.prompt_length(maze.rows, maze.cols))
     body += struct.pack(f"<{len(toks)}H", *toks)
     if pad_to > len(body):
@@ -114,7 +116,7 @@ def _write(path: Path, data: bytes) -> None:
 
 def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_train: int = 50_000,
                   layouts=("files", "shards"), shard_size: int = 2048, pad_to: int = 0,
-                  eval_seed: int = 1_000_003) -> dict:
+                  eval_seed: int = 1_000_003, fmt: str = mazes.DEFAULT_FORMAT) -> dict:
     """Write the training set under out_dir and return the manifest (also written)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,7 +137,7 @@ def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_tra
         except StopIteration as stop:
             skipped = stop.value or []
             break
-        rec = encode_record(i, maze, pad_to)
+        rec = encode_record(i, maze, pad_to, fmt)
         if "files" in layouts:
             put(file_relpath(i), rec)
         if "shards" in layouts:
@@ -153,6 +155,7 @@ def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_tra
         "seed": seed, "rows": rows, "cols": cols, "n_train": n_train,
         "eval_seed": eval_seed, "n_eval": 64,
         "skipped_eval_collisions": skipped,
+        "answer_format": fmt,
         "prompt_len": mazes.prompt_length(rows, cols),
         "vocab_size": mazes.vocab_size(rows, cols),
         "pad_to": pad_to, "layouts": list(layouts),

@@ -34,10 +34,19 @@ ORIGIN = 5
 TARGET = 6
 PATH_START = 7
 PATH_END = 8
-N_SPECIAL = 16  # cell tokens start here; 9..15 are reserved for later format versions
+WALK_START = 9
+WALK_END = 10
+N_SPECIAL = 16  # cell tokens start here; 11..15 are reserved for later format versions
 SPECIAL_NAMES = {PAD: "<pad>", BOS: "<bos>", ADJ_START: "<adj>", ADJ_END: "</adj>",
                  EDGE_SEP: ";", ORIGIN: "<origin>", TARGET: "<target>",
-                 PATH_START: "<path>", PATH_END: "</path>"}
+                 PATH_START: "<path>", PATH_END: "</path>",
+                 WALK_START: "<walk>", WALK_END: "</walk>"}
+
+# Answer formats. "path": the prompt ends with <path> and the answer is the path.
+# "walk": the prompt ends with <walk>; the answer is a right-hand wall-follower walk from
+# start to goal (a chain of thought whose every step is a local decision), then
+# </walk> <path> and the shortest path, which is the walk with its loops erased.
+FORMATS = ("path", "walk")
 
 # Splits get disjoint seed namespaces; eval tasks are also checked against training.
 TRAIN = "train"
@@ -57,12 +66,8 @@ def token_cell(tok: int) -> int:
 
 
 def prompt_length(rows: int, cols: int) -> int:
-    """BOS ADJ_START 3*(edges) ADJ_END ORIGIN s TARGET g PATH_START."""
+    """BOS ADJ_START 3*(edges) ADJ_END ORIGIN s TARGET g (PATH_START|WALK_START)."""
     return 2 + 3 * (rows * cols - 1) + 1 + 4 + 1
-
-
-def max_sequence_length(rows: int, cols: int) -> int:
-    return prompt_length(rows, cols) + rows * cols + 1
 
 
 @dataclass(frozen=True)
@@ -208,17 +213,115 @@ def is_solution(maze: Maze, path: list[int]) -> bool:
     return check_path(maze, path) == "ok" and path == shortest_path(maze)
 
 
+# ---- the wall follower (the "walk" chain of thought) ----------------------------------
+_HEADINGS = 4  # 0 north, 1 east, 2 south, 3 west (clockwise)
+
+
+def _step(cell: int, d: int, rows: int, cols: int) -> int | None:
+    r, c = divmod(cell, cols)
+    r, c = (r - 1, c) if d == 0 else (r, c + 1) if d == 1 else (r + 1, c) if d == 2 else (r, c - 1)
+    return r * cols + c if 0 <= r < rows and 0 <= c < cols else None
+
+
+def wall_follower(maze: Maze) -> list[int]:
+    """Right-hand rule from start (initial heading north) until the goal.
+
+    Each move depends only on the current cell's open sides and the heading (the previous
+    move), so a transformer can learn it locally; in a perfect maze it reaches the goal in
+    at most 2*(cells-1) moves.
+    """
+    adj = maze.adjacency()
+    cur, heading, walk = maze.start, 0, [maze.start]
+    while cur != maze.goal:
+        for d in ((heading + 1) % 4, heading, (heading + 3) % 4, (heading + 2) % 4):
+            nxt = _step(cur, d, maze.rows, maze.cols)
+            if nxt is not None and nxt in adj[cur]:
+                cur, heading = nxt, d
+                walk.append(cur)
+                break
+        if len(walk) > 2 * maze.n_cells:
+            raise ValueError("wall follower did not reach the goal (not a perfect maze?)")
+    return walk
+
+
+def erase_loops(walk: list[int]) -> list[int]:
+    """Path from a walk: from each cell jump to what follows its *last* visit.
+
+    That is a pointer chase a transformer can do in one attention hop per token. For a walk
+    in a tree ending at the goal it yields the unique simple path.
+    """
+    if not walk:
+        return []
+    last = {c: i for i, c in enumerate(walk)}
+    path = [walk[0]]
+    while last[path[-1]] + 1 < len(walk):
+        path.append(walk[last[path[-1]] + 1])
+        if len(path) > len(walk):
+            break
+    return path
+
+
 # ---- tokens ---------------------------------------------------------------------------
-def prompt_tokens(maze: Maze) -> list[int]:
+DEFAULT_FORMAT = "walk"
+
+
+def prompt_tokens(maze: Maze, fmt: str = DEFAULT_FORMAT) -> list[int]:
     toks = [BOS, ADJ_START]
     for a, b in maze.edges:
         toks += [cell_token(a), cell_token(b), EDGE_SEP]
-    toks += [ADJ_END, ORIGIN, cell_token(maze.start), TARGET, cell_token(maze.goal), PATH_START]
+    toks += [ADJ_END, ORIGIN, cell_token(maze.start), TARGET, cell_token(maze.goal)]
+    toks.append(WALK_START if fmt == "walk" else PATH_START)
     return toks
 
 
-def to_tokens(maze: Maze) -> list[int]:
-    return prompt_tokens(maze) + [cell_token(c) for c in shortest_path(maze)] + [PATH_END]
+def answer_tokens(maze: Maze, fmt: str = DEFAULT_FORMAT) -> list[int]:
+    path = [cell_token(c) for c in shortest_path(maze)] + [PATH_END]
+    if fmt == "path":
+        return path
+    if fmt == "walk":
+        return [cell_token(c) for c in wall_follower(maze)] + [WALK_END, PATH_START] + path
+    raise ValueError(f"unknown format {fmt!r}")
+
+
+def to_tokens(maze: Maze, fmt: str = DEFAULT_FORMAT) -> list[int]:
+    return prompt_tokens(maze, fmt) + answer_tokens(maze, fmt)
+
+
+def max_answer_length(rows: int, cols: int, fmt: str = DEFAULT_FORMAT) -> int:
+    n = rows * cols
+    return n + 1 if fmt == "path" else (2 * (n - 1) + 1) + 2 + n + 1
+
+
+def max_sequence_length(rows: int, cols: int, fmt: str = DEFAULT_FORMAT) -> int:
+    return prompt_length(rows, cols) + max_answer_length(rows, cols, fmt)
+
+
+def format_of(prompt: list[int]) -> str:
+    return "walk" if prompt[-1] == WALK_START else "path"
+
+
+def _cells(toks: list[int], stop: int) -> list[int]:
+    out = []
+    for tok in toks:
+        if tok == stop:
+            break
+        out.append(token_cell(tok) if tok >= N_SPECIAL else -1)
+    return out
+
+
+def decode_answer(generated: list[int], fmt: str = DEFAULT_FORMAT) -> tuple[list[int], list[int] | None]:
+    """Model output after the prompt -> (path, walk or None). Specials inside -> -1."""
+    if fmt == "path":
+        return _cells(generated, PATH_END), None
+    walk = _cells(generated, WALK_END)
+    rest = generated[len(walk):]
+    if rest[:2] != [WALK_END, PATH_START]:
+        return [], walk
+    return _cells(rest[2:], PATH_END), walk
+
+
+def decode_path(generated: list[int], fmt: str = "path") -> list[int]:
+    return decode_answer(generated, fmt)[0]
 
 
 def from_tokens(tokens: list[int], rows: int, cols: int) -> tuple[Maze, list[int]]:
@@ -235,23 +338,11 @@ def from_tokens(tokens: list[int], rows: int, cols: int) -> tuple[Maze, list[int
         edges.append((token_cell(a), token_cell(b)))
         i += 3
     i += 1
-    if t[i] != ORIGIN or t[i + 2] != TARGET or t[i + 4] != PATH_START:
+    if t[i] != ORIGIN or t[i + 2] != TARGET or t[i + 4] not in (PATH_START, WALK_START):
         raise ValueError("bad origin/target")
     maze = Maze(rows, cols, tuple(edges), token_cell(t[i + 1]), token_cell(t[i + 3]))
-    path_toks = t[i + 5:]
-    if PATH_END in path_toks:
-        path_toks = path_toks[:path_toks.index(PATH_END)]
-    return maze, [token_cell(x) for x in path_toks]
-
-
-def decode_path(generated: list[int]) -> list[int]:
-    """Model output after PATH_START -> cells (stops at PATH_END; specials -> -1)."""
-    out = []
-    for tok in generated:
-        if tok == PATH_END:
-            break
-        out.append(token_cell(tok) if tok >= N_SPECIAL else -1)
-    return out
+    fmt = "walk" if t[i + 4] == WALK_START else "path"
+    return maze, decode_answer(t[i + 5:], fmt)[0]
 
 
 def render(maze: Maze, path: list[int] | None = None) -> str:

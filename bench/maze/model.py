@@ -30,7 +30,7 @@ def llama_config(rows: int, cols: int, preset: str = "small"):
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=heads,
-        max_position_embeddings=max(64, mazes.max_sequence_length(rows, cols)),
+        max_position_embeddings=max(64, mazes.max_sequence_length(rows, cols, "walk")),
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
@@ -100,25 +100,31 @@ def greedy_paths(model, prompts: torch.Tensor, max_new: int) -> list[list[int]]:
     return torch.cat(gen, dim=1).tolist()
 
 
-def evaluate(model, tasks: list[mazes.Maze]) -> dict:
+def evaluate(model, tasks: list[mazes.Maze], fmt: str = mazes.DEFAULT_FORMAT) -> dict:
     """Exact-match accuracy: the decoded path must be valid and the shortest path.
 
-    Also reports `valid_rate`: valid walks that reach the goal, detours allowed.
+    Also reports `valid_rate` (valid walks start->goal through open passages, detours
+    allowed) and, for the "walk" format, `walk_valid_rate` for the chain of thought.
     """
     was_training = model.training
     rows, cols = tasks[0].rows, tasks[0].cols
-    prompts = torch.tensor([mazes.prompt_tokens(t) for t in tasks], dtype=torch.long)
-    gens = greedy_paths(model, prompts, max_new=rows * cols + 1)
-    exact = valid = 0
+    prompts = torch.tensor([mazes.prompt_tokens(t, fmt) for t in tasks], dtype=torch.long)
+    gens = greedy_paths(model, prompts, max_new=mazes.max_answer_length(rows, cols, fmt))
+    exact = valid = walk_ok = 0
     reasons: dict[str, int] = {}
     for task, gen in zip(tasks, gens):
-        path = mazes.decode_path(gen)
+        path, walk = mazes.decode_answer(gen, fmt)
         why = mazes.check_path(task, path)
         reasons[why] = reasons.get(why, 0) + 1
         if why == "ok":
             valid += 1
             exact += path == mazes.shortest_path(task)
+        if walk is not None:
+            walk_ok += mazes.check_path(task, walk) == "ok"
     if was_training:
         model.train()
-    return {"accuracy": exact / len(tasks), "valid_rate": valid / len(tasks),
-            "n": len(tasks), "failures": {k: v for k, v in reasons.items() if k != "ok"}}
+    res = {"accuracy": exact / len(tasks), "valid_rate": valid / len(tasks),
+           "n": len(tasks), "failures": {k: v for k, v in reasons.items() if k != "ok"}}
+    if fmt == "walk":
+        res["walk_valid_rate"] = walk_ok / len(tasks)
+    return res

@@ -89,15 +89,17 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
     man = data.load_manifest(root)
     rows, cols = man["rows"], man["cols"]
     eval_tasks = mazes.eval_set(rows, cols, man["eval_seed"], man.get("n_eval", 64))
+    fmt = man.get("answer_format", "path")
 
     net = M.build(rows, cols, preset, seed)
     net.config.maze_rows, net.config.maze_cols = rows, cols
     net.config.maze_eval_seed = man["eval_seed"]
+    net.config.maze_answer_format = fmt
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(steps))
 
     te = time.perf_counter()
-    evals = [{"step": 0, **M.evaluate(net, eval_tasks)}]
+    evals = [{"step": 0, **M.evaluate(net, eval_tasks, fmt)}]
     eval_s = time.perf_counter() - te
 
     hint_status = "off"
@@ -146,7 +148,7 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
                 f"{len(batch['digest']) / (t_done - t_prev):.1f} samples/s")
         if eval_every and step % eval_every == 0 and step != steps:
             te = time.perf_counter()
-            evals.append({"step": step, **M.evaluate(net, eval_tasks)})
+            evals.append({"step": step, **M.evaluate(net, eval_tasks, fmt)})
             eval_s += time.perf_counter() - te
             if log:
                 log(f"eval step {step}: accuracy {evals[-1]['accuracy']:.4f}")
@@ -156,7 +158,7 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
     train_s = sum(b["step_s"] for b in per_batch)
 
     te = time.perf_counter()
-    evals.append({"step": steps, **M.evaluate(net, eval_tasks)})
+    evals.append({"step": steps, **M.evaluate(net, eval_tasks, fmt)})
     eval_s += time.perf_counter() - te
 
     ckpt = None
@@ -179,7 +181,7 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
     result = {
         "data_root": str(root), "layout": layout, "steps": steps, "batch_size": batch_size,
         "workers": workers, "seed": seed, "preset": preset, "lr": lr, "threads": threads,
-        "grid": [rows, cols], "n_train": man["n_train"], "n_params": M.n_params(net),
+        "grid": [rows, cols], "answer_format": fmt, "n_train": man["n_train"], "n_params": M.n_params(net),
         "torch": torch.__version__,
         "samples": samples, "train_s": train_s,
         "samples_per_s": samples / train_s if train_s else None,

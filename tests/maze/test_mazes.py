@@ -57,18 +57,40 @@ def test_checker_rejects_invalid_paths():
             assert not mazes.is_solution(m, detour)
 
 
-def test_tokens_round_trip_and_fixed_prompt_length():
+@pytest.mark.parametrize("fmt", mazes.FORMATS)
+def test_tokens_round_trip_and_fixed_prompt_length(fmt):
     for i in range(30):
         m = mazes.make_task(0, mazes.TRAIN, i, 5, 5)
-        toks = mazes.to_tokens(m)
-        assert len(mazes.prompt_tokens(m)) == mazes.prompt_length(5, 5)
-        assert len(toks) <= mazes.max_sequence_length(5, 5)
+        toks = mazes.to_tokens(m, fmt)
+        prompt = mazes.prompt_tokens(m, fmt)
+        assert len(prompt) == mazes.prompt_length(5, 5)
+        assert mazes.format_of(prompt) == fmt
+        assert len(toks) <= mazes.max_sequence_length(5, 5, fmt)
         assert max(toks) < mazes.vocab_size(5, 5)
         back, path = mazes.from_tokens(toks, 5, 5)
         assert back == m
         assert path == mazes.shortest_path(m)
-        gen = toks[mazes.prompt_length(5, 5):]
-        assert mazes.decode_path(gen) == path
+        path2, walk = mazes.decode_answer(toks[len(prompt):], fmt)
+        assert path2 == path
+        if fmt == "walk":
+            assert walk == mazes.wall_follower(m)
+
+
+def test_wall_follower_reaches_goal_and_erases_to_the_shortest_path():
+    for size in (3, 4, 5, 6):
+        for i in range(100):
+            m = mazes.make_task(11, mazes.TRAIN, i, size, size)
+            walk = mazes.wall_follower(m)
+            assert mazes.check_path(m, walk) == "ok"
+            assert len(walk) <= 2 * (size * size - 1) + 1
+            assert mazes.erase_loops(walk) == mazes.shortest_path(m)
+
+
+def test_decode_answer_tolerates_garbage():
+    assert mazes.decode_answer([], "walk") == ([], [])
+    assert mazes.decode_answer([mazes.PATH_END], "path") == ([], None)
+    p, w = mazes.decode_answer([20, 21, mazes.EDGE_SEP, mazes.WALK_END, mazes.PATH_START, 20, 21], "walk")
+    assert w == [4, 5, -1] and p == [4, 5]
 
 
 def test_same_seed_same_maze_other_seed_other_maze():
