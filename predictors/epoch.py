@@ -13,6 +13,7 @@ epoch boundaries from the access stream and ranks paths for eviction:
 """
 from __future__ import annotations
 
+from collections import deque
 from typing import Iterable
 
 from .base import Catalog
@@ -59,6 +60,7 @@ class EpochTracker:
         self.prev_order: list[str] = []    # last epoch's paths in first-access order
         self.boundaries: list[int] = []    # seq at which each new epoch started
         self.events = 0                    # all events observed
+        self._rereads: deque = deque(maxlen=ACTIVE_OPENS)  # (seq, path) within-epoch re-reads
         self._touch: dict[str, int] = {}   # path -> event number of its last access
         self.set_catalog(catalog)
 
@@ -96,28 +98,44 @@ class EpochTracker:
             if not (covered or old):
                 self.seq += 1                 # re-read within the epoch (random access)
                 self._seq_of[path] = self.seq
+                self._rereads.append((self.seq, path))
                 return False
+            carry = [p for s, p in self._rereads if s > self.seq - ACTIVE_OPENS and p != path]
             self._new_epoch()
+            for p in carry:    # re-reads just before the boundary were the new epoch's first
+                self._consume(p)
             started = True
         else:
             started = False
         self.seq += 1
+        if self._consume(path):
+            self._new_epoch()       # working set fully covered: next access is a new epoch
+            started = True
+        return started
+
+    def _consume(self, path: str) -> bool:
+        """Record the first access of path in this epoch; True if that completes the
+        previous epoch's working set."""
         self._last_epoch[path] = self.epoch
         self._seq_of[path] = self.seq
         self._members_cur.append(path)
         self.count += 1
         if path in self.members_prev:
             self.covered_prev += 1
-            if self.covered_prev >= self.prev_count:
-                self._new_epoch()   # working set fully covered: next access is a new epoch
-                started = True
-        return started
+            return self.covered_prev >= self.prev_count
+        return False
+
+    def current_members(self) -> list[str]:
+        """Paths consumed so far in the current epoch, in order (just after a boundary:
+        the few that were carried over into the new epoch)."""
+        return self._members_cur
 
     def _new_epoch(self) -> None:
         self.prev_order = self._members_cur
         self.members_prev = set(self._members_cur)
         self.prev_count = len(self.members_prev)
         self._members_cur = []
+        self._rereads.clear()
         self.count = 0
         self.covered_prev = 0
         self.epoch += 1

@@ -53,11 +53,16 @@ class EpochSetPredictor:
                     self.unread[i] = True
             self.remaining = int(self.unread.sum())
             self.first_epoch = False
-        if self.tracker.consumed(ev.path):
-            i = self.catalog.index.get(ev.path)
-            if i is not None and self.unread[i]:
-                self.unread[i] = False
-                self.remaining -= 1
+            for p in self.tracker.current_members():
+                self._mark_read(p)
+        elif self.tracker.consumed(ev.path):
+            self._mark_read(ev.path)
+
+    def _mark_read(self, path: str) -> None:
+        i = self.catalog.index.get(path)
+        if i is not None and self.unread[i]:
+            self.unread[i] = False
+            self.remaining -= 1
 
     def predict(self, max_items: int, prob_scale: float = 1.0) -> list[Prediction]:
         r = self.remaining

@@ -26,7 +26,7 @@ SKIP_BEHIND = 2 * ORDER_WINDOW
 
 
 class OrderCursor:
-    __slots__ = ("order", "_pos", "_ptr", "consumed", "lo", "hi", "_pending")
+    __slots__ = ("order", "_pos", "_ptr", "consumed", "lo", "hi", "_pending", "left")
 
     def __init__(self, order: Sequence[str]):
         self.order = list(order)
@@ -44,6 +44,7 @@ class OrderCursor:
         self.lo = 0
         self.hi = -1
         self._pending: int | None = None
+        self.left = len(self.order)          # unconsumed positions
 
     def __len__(self) -> int:
         return len(self.order)
@@ -66,13 +67,14 @@ class OrderCursor:
             return pos[j]
         return None
 
-    def consume(self, path: str) -> int | None:
-        """Mark the next occurrence of path consumed; returns its position and how far it
-        was past the low-water mark as (pos) or None if the path is not (or no longer)
-        in the order ahead of the cursor."""
+    def consume(self, path: str) -> tuple[int, int] | None:
+        """Mark the next occurrence of path consumed. Returns (position, rank): rank is
+        how many unconsumed positions preceded it (0 = exactly the first predicted), or
+        None if the path is not (or no longer) in the order ahead of the cursor."""
         p = self._candidate(path)
         if p is None:
             return None
+        rank = int(np.count_nonzero(~self.consumed[self.lo:p]))
         if p - max(self.lo, self.hi) > ORDER_WINDOW:
             pend, self._pending = self._pending, p
             if pend is None or abs(p - pend) > ORDER_WINDOW:
@@ -80,13 +82,14 @@ class OrderCursor:
             self._mark(pend)
         self._pending = None
         self._mark(p)
-        return p
+        return p, rank
 
     def _mark(self, p: int) -> None:
         c = self.consumed
         if c[p]:
             return
         c[p] = True
+        self.left -= 1
         if p > self.hi:
             self.hi = p
         n = len(c)

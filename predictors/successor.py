@@ -15,9 +15,12 @@ from .epoch import EpochTracker
 from .events import Event
 from .order import OrderCursor
 
-# An open counts as "following last epoch's order" if it lands within this many
-# positions of the cursor's low-water mark (8 workers x batch 8 in flight).
+# An open counts as "following last epoch's order" if it was among the first this-many
+# predicted (unconsumed) positions: 8 workers x batch 8 in flight.
 SUCC_HIT_WINDOW = 64
+# With W positions left a random open lands in the top k with chance k/W: the window
+# shrinks to W/8 so that a reshuffled epoch scores ~1/8 at most, never "confident".
+SUCC_CHANCE_INV = 8
 # EWMA weight of one open in the confidence: 1/16 ~ two batches of 8 workers.
 SUCC_CONF_ALPHA = 1.0 / 16
 
@@ -45,12 +48,16 @@ class SuccessorPredictor:
         started = self.tracker.observe(ev)
         if started:
             self.cursor = OrderCursor(self.tracker.prev_order)
-        first = self.tracker.consumed(ev.path) and (started or not was)
-        if self.cursor is None or not first:
-            return          # re-read within the epoch, or the access that ended one
-        lo = self.cursor.lo
-        p = self.cursor.consume(ev.path)
-        hit = p is not None and p - lo < SUCC_HIT_WINDOW
+            for p in self.tracker.current_members():    # carried into the new epoch
+                self.cursor.consume(p)
+            return
+        if self.cursor is None or was or not self.tracker.consumed(ev.path):
+            return          # re-read within the epoch
+        window = min(SUCC_HIT_WINDOW, self.cursor.left // SUCC_CHANCE_INV)
+        r = self.cursor.consume(ev.path)
+        if window < 1:
+            return      # near the end of the order any guess is in the top few
+        hit = r is not None and r[1] < window
         self.conf += SUCC_CONF_ALPHA * ((1.0 if hit else 0.0) - self.conf)
 
     def confidence(self) -> float:

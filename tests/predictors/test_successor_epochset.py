@@ -1,0 +1,68 @@
+import random
+
+from predictors.epochset import EpochSetPredictor
+from predictors.events import Event
+from predictors.successor import SuccessorPredictor
+from predictors.tracegen import TraceSpec, generate
+
+CAT = [(f"img/{i:05d}.jpg", 100) for i in range(200)]
+
+
+def opens(order, t0=0.0, pid=1):
+    return [Event(t0 + k * 0.01, "open", CAT[i][0], 0, 0, pid, 100) for k, i in enumerate(order)]
+
+
+def test_successor_predicts_repeated_order_after_one_epoch():
+    order = list(range(200))
+    random.Random(1).shuffle(order)
+    p = SuccessorPredictor(CAT)
+    for ev in opens(order):
+        p.observe(ev)
+    assert p.predict(5) == []                     # nothing learned yet: one epoch seen
+    second = opens(order, t0=10.0)
+    for ev in second[:30]:
+        p.observe(ev)
+    preds = p.predict(5)
+    assert [x.path for x in preds] == [CAT[i][0] for i in order[30:35]]
+    assert preds[0].prob > 0.8
+
+
+def test_successor_tolerates_interleaved_workers():
+    tr = generate(TraceSpec(family="repeated", n_files=300, workers=8, batch=4, epochs=2))
+    p = SuccessorPredictor(tr.catalog)
+    hits = total = 0
+    pred: set = set()
+    for ev, ep in zip(tr.events, tr.epoch_of):
+        if ev.op == "open" and ep == 1:
+            total += 1
+            hits += ev.path in pred
+        p.observe(ev)
+        if ev.op == "open":
+            pred = {x.path for x in p.predict(48)}
+    assert hits / total > 0.85
+
+
+def test_successor_is_unsure_on_reshuffled_epochs():
+    tr = generate(TraceSpec(family="shuffled", n_files=300, workers=4, epochs=2))
+    p = SuccessorPredictor(tr.catalog)
+    for ev in tr.events:
+        p.observe(ev)
+    assert p.confidence() < 0.3
+
+
+def test_epochset_offers_only_unread_members():
+    order = list(range(200))
+    random.Random(2).shuffle(order)
+    p = EpochSetPredictor(CAT[:150] + CAT[150:])
+    sub = [i for i in order if i < 120]           # the job's working set: 120 files
+    for ev in opens(sub):
+        p.observe(ev)
+    random.Random(3).shuffle(sub)
+    for ev in opens(sub[:50], t0=10.0):           # epoch 2: 50 read so far
+        p.observe(ev)
+    assert p.tracker.epoch == 1
+    preds = p.predict(1000)
+    got = {x.path for x in preds}
+    assert got == {CAT[i][0] for i in sub[50:]}   # exactly the 70 unread members
+    assert abs(preds[0].prob - min(1.0, 64 / 70)) < 1e-9
+    assert [x.path for x in preds] == sorted(got)  # stable listing order
