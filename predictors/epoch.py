@@ -90,6 +90,7 @@ class EpochTracker:
                 return False
             age = self.seq - self._seq_of[path]
             if age <= ACTIVE_OPENS:
+                self._rereads.append((self.seq, path))
                 return False  # local re-open (another worker, a header re-read)
             n = self.expected_size()
             covered = n > 0 and self.count >= EPOCH_REREAD_COVERAGE * n
@@ -100,7 +101,8 @@ class EpochTracker:
                 self._seq_of[path] = self.seq
                 self._rereads.append((self.seq, path))
                 return False
-            carry = [p for s, p in self._rereads if s > self.seq - ACTIVE_OPENS and p != path]
+            carry = list(dict.fromkeys(p for s, p in self._rereads
+                                      if s > self.seq - ACTIVE_OPENS and p != path))
             self._new_epoch()
             for p in carry:    # re-reads just before the boundary were the new epoch's first
                 self._consume(p)

@@ -64,7 +64,8 @@ def _fmt(name: str, ev: str, r: SimResult) -> str:
             f"{r.coverage:5.2f} | {r.timeliness:5.2f} | {r.stall_s:7.1f} |")
 
 
-def evaluate_trace(label: str, trace, cfg: SimConfig, out=sys.stdout) -> dict:
+def evaluate_trace(label: str, trace, cfg: SimConfig, out=None) -> dict:
+    out = out or sys.stdout
     print(f"\n### {label}  ({len(trace.events)} events, cache "
           f"{cfg.capacity / 1e6:.1f} MB)\n", file=out)
     print("| predictor       | evict | hit   | prec  | cover | timely| stall_s |", file=out)
@@ -78,7 +79,8 @@ def evaluate_trace(label: str, trace, cfg: SimConfig, out=sys.stdout) -> dict:
     return results
 
 
-def overflow(quick: bool, seed: int, out=sys.stdout) -> dict:
+def overflow(quick: bool, seed: int, out=None) -> dict:
+    out = out or sys.stdout
     n = QUICK_FILES * 2 if quick else 800
     tr = generate(family_spec("shuffled", seed=seed, n_files=n, epochs=3))
     cap = touched_bytes(tr.events) // 2
@@ -88,7 +90,7 @@ def overflow(quick: bool, seed: int, out=sys.stdout) -> dict:
     print("|----------|---------|---------|---------|------------|------------|", file=out)
     res = {}
     for ev, theory in (("lru", 0.153), ("epoch", 0.5)):
-        r = run(tr, None, SimConfig(capacity=cap, eviction=ev), )
+        r = run(tr, None, SimConfig(capacity=cap, eviction=ev))
         res[ev] = r.epoch_hit_rate([1, 2])
         print(f"| {ev:8s} | {r.epoch_hit_rate([0]):7.2f} | {r.epoch_hit_rate([1]):7.2f} | "
               f"{r.epoch_hit_rate([2]):7.2f} | {res[ev]:10.2f} | {theory:10.2f} |", file=out)

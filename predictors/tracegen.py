@@ -59,12 +59,18 @@ def distributed_indices(n: int, rank: int, world: int, epoch: int = 0, seed: int
 
 def random_sampler_orders(n: int, epochs: int, seed: int = 0,
                           stream: Callable[[int], list] | None = None) -> list[list[int]]:
-    """RandomSampler(replacement=False) with one generator for all epochs: one fresh
-    permutation per epoch, drawn in sequence from the same generator."""
+    """RandomSampler(replacement=False) with one generator for all epochs: a fresh
+    permutation per epoch, drawn in sequence from the same generator. Like torch, each
+    epoch also draws a second permutation for the ``num_samples % n`` tail (empty by
+    default) — so epoch 2 is the generator's third permutation, not its second."""
     if stream is None:
         rng = np.random.default_rng(seed)
         stream = lambda n: rng.permutation(n).tolist()  # noqa: E731
-    return [stream(n) for _ in range(epochs)]
+    orders = []
+    for _ in range(epochs):
+        orders.append(stream(n))
+        stream(n)[:0]           # the tail draw torch makes every epoch
+    return orders
 
 
 @dataclass

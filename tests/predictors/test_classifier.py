@@ -1,0 +1,33 @@
+import json
+
+import numpy as np
+
+from predictors import train
+from predictors.classifier import MODEL_PATH, PatternClassifier, default_classifier
+from predictors.features import FEATURES
+
+
+def _accuracy(clf: PatternClassifier, x, y) -> float:
+    pred = np.array([clf.classify(list(v))[0] for v in x])
+    return float((pred == y).mean())
+
+
+def test_small_training_is_deterministic_and_accurate_on_held_out_traces():
+    doc1 = train.train(seeds=4, seed_base=0)
+    doc2 = train.train(seeds=4, seed_base=0)
+    assert json.dumps(doc1, sort_keys=True) == json.dumps(doc2, sort_keys=True)
+    x, y = train.dataset(3, seed_base=12345)        # held out: different seeds
+    assert _accuracy(PatternClassifier(doc1), x, y) >= 0.85
+
+
+def test_shipped_model_classifies_held_out_families():
+    clf = default_classifier()
+    assert clf.classes == ["sequential", "strided", "repeated", "shuffled", "random"]
+    x, y = train.dataset(3, seed_base=777)
+    assert _accuracy(clf, x, y) >= 0.9
+
+
+def test_shipped_model_matches_the_feature_set():
+    doc = json.loads(MODEL_PATH.read_text())
+    assert doc["features"] == list(FEATURES)
+    assert 0 < len(doc["trees"]) <= 32
