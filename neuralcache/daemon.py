@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 # Prefetched-but-unread bytes allowed, as a fraction of the memory tier: half keeps
 # room for the blocks readers are consuming now (prefetch never evicts sooner data).
 PREFETCH_BUDGET_FRACTION = 0.5
+# The kernel's read-ahead for the mount (bdi read_ahead_kb).  FUSE starts at 128 KiB,
+# which keeps one 128 KiB request in flight; 16 MiB lets the kernel send 1 MiB
+# requests several at a time (measured on a sequential dd from the memory tier:
+# see README "Performance").  Needs root; skipped with a debug line otherwise.
+KERNEL_READAHEAD_KB = 16384
 
 
 def check_mountpoint(path: str) -> str:
@@ -215,6 +220,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             await n.start(store.run)
             n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl)
             n.start_soon(_on_signals)
+            if cfg.readahead:
+                n.start_soon(trio.to_thread.run_sync, _tune_kernel_readahead, mp)
             log.info("serving %s on %s (ready in %.1f s)", cfg.source, mp,
                      time.monotonic() - t0)
             on_ready(None)
@@ -226,6 +233,19 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         sd_notify("STOPPING=1")
         pyfuse3.close(unmount=True)
         log.info("unmounted %s (clean=%s)", mp, unmounted)
+
+
+def _tune_kernel_readahead(mp: str) -> None:
+    """Raise the mount's bdi read-ahead; runs in a thread once the mount serves (the
+    stat would deadlock before the FUSE loop runs)."""
+    try:
+        dev = os.stat(mp).st_dev
+        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        with open(path, "w") as f:
+            f.write(str(KERNEL_READAHEAD_KB))
+        log.debug("kernel read-ahead %s = %d KiB", path, KERNEL_READAHEAD_KB)
+    except OSError as exc:
+        log.debug("cannot tune kernel read-ahead: %s", exc)
 
 
 async def _on_signals() -> None:
