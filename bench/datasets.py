@@ -14,7 +14,7 @@ Datasets (sizes: full / ``--quick``):
 * ``samples``  ImageNet-like file-per-sample tree: ``nCLASS/IDX.jpg`` of ~100 KB.
 * ``bigfile``  one large file (1 GiB / 64 MiB), e.g. model weights.
 * ``overflow`` tar shards totalling twice the scenario's cache size.
-* ``fio``      ``fio/data.N`` files read by the fio jobs (one per job).
+* ``fio``      ``fio/JOB.N`` files read by the fio jobs (one per job and job number).
 """
 from __future__ import annotations
 
@@ -93,9 +93,11 @@ class Dataset:
                 rel = f"n{i % p['classes']:04d}/{i:06d}.jpg"
                 yield rel, (lambda rel=rel, s=int(sizes[i]): payload(seed, self.name, rel, s))
         elif self.kind == "blob":
-            for i in range(p.get("count", 1)):
-                rel = p.get("pattern", "data.{i}").format(i=i)
-                yield rel, (lambda rel=rel: payload(seed, self.name, rel, p["size"]))
+            pats = p.get("pattern", "data.{i}")
+            for pat in [pats] if isinstance(pats, str) else pats:
+                for i in range(p.get("count", 1)):
+                    rel = pat.format(i=i)
+                    yield rel, (lambda rel=rel: payload(seed, self.name, rel, p["size"]))
         else:
             raise ValueError(f"unknown dataset kind {self.kind!r}")
 
@@ -129,8 +131,10 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
                                               "sample_lo": 80_000, "sample_hi": 120_000,
                                               "cache_mb": cache_mb})
     if name == "fio":
+        # One file per fio job and job number (filename_format=$jobname.$jobnum), so
+        # each job reads files no earlier job has cached: both cold on one mount.
         return Dataset("fio", "blob", {"size": (8 << 20) if quick else (128 << 20),
-                                       "count": 4, "pattern": "data.{i}"})
+                                       "count": 4, "pattern": ["rand128k.{i}", "seq1m.{i}"]})
     raise KeyError(name)
 
 

@@ -41,7 +41,7 @@ def _hit(r: dict) -> str:
     return "-"
 
 
-def table(rows: list[dict], meta: dict) -> str:
+def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
     head = (f"{'scenario':9} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
             f"{'x local':>8} {'x link':>7} {'hit':>5} {'~hit':>5} {'pf prec':>7} {'link MB':>8} note")
     out = [f"# python -m bench {' '.join(meta.get('argv', [])[1:])}",
@@ -76,6 +76,7 @@ def table(rows: list[dict], meta: dict) -> str:
                "pgc = all reads served by the kernel page cache); ~hit: 1 - link bytes / "
                "bytes read, for every remote system; pf prec: used / fetched read-ahead + "
                "prefetch bytes.")
+    out += [f"note: {n}" for n in notes or []]
     return "\n".join(out)
 
 

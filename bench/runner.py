@@ -259,20 +259,21 @@ def run(args) -> int:
                 _log(f"== scenario {name} done in {time.monotonic() - ts:.1f} s")
                 _write(out, meta, rows, ctx.notes, t_start, partial=True)
             meta["proxy_stats"] = proxy.stats()
+            rows = report.annotate(rows)
+            _write(out, meta, rows, ctx.notes, t_start, partial=False)
+            print(report.table(rows, meta, ctx.notes), flush=True)
+            try:
+                for p in report.plots(rows, out):
+                    _log(f"plot {p}")
+            except Exception as exc:  # plots are a nicety; never lose the results over them
+                _log(f"plots failed: {exc}")
+            _log("stopping the proxy and SeaweedFS")
     except KeyboardInterrupt:
         _log("interrupted; cleaned up")
         _write(out, meta, rows, [], t_start, partial=True)
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
-    rows = report.annotate(rows)
-    _write(out, meta, rows, ctx.notes, t_start, partial=False)
-    print(report.table(rows, meta))
-    try:
-        for p in report.plots(rows, out):
-            _log(f"plot {p}")
-    except Exception as exc:  # plots are a nicety; never lose the results over them
-        _log(f"plots failed: {exc}")
     _log(f"results in {out / 'results.json'} ({time.monotonic() - t_start:.0f} s total)")
     return 0
 

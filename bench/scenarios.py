@@ -12,7 +12,7 @@ from typing import Callable
 
 from bench import train as train_mod
 from bench import workloads as wl
-from bench.systems import MountOptions
+from bench.systems import S3FS_MIN_CACHE_MB, MountOptions
 
 SCENARIOS: dict[str, Callable] = {}
 
@@ -73,7 +73,8 @@ def overflow(ctx):
     opts = MountOptions(cache_mb=cache_mb, memory_cache_mb=max(cache_mb // 4, 8))
     ctx.notes.append(f"overflow: cache {cache_mb} MiB (neuralcache disk {cache_mb} MiB + "
                      f"memory {opts.memory_cache_mb} MiB; rclone --vfs-cache-max-size "
-                     f"{cache_mb}M; s3fs has no cache size limit), dataset "
+                     f"{cache_mb}M; s3fs has no size limit, emulated with ensure_diskfree = free disk - "
+                     f"max(cache, {S3FS_MIN_CACHE_MB} MiB)), dataset "
                      f"{sum(m['size'] for m in man['files'].values()) / 2**20:.0f} MiB; "
                      "kernel page cache dropped before every epoch")
 
@@ -90,20 +91,17 @@ def overflow(ctx):
 
 
 def fio(ctx):
-    """fio jobs from bench/fio/*.fio, each on a fresh mount; parsed from fio's JSON."""
+    """fio jobs from bench/fio/*.fio (each job its own files, so each is cold); fio JSON."""
     man = ctx.dataset("fio")
     runtime = 3 if ctx.quick else 15
-    rows = []
-    systems = ctx.systems
-    for i, job in enumerate(wl.fio_jobs()):
-        def body(ctx, m, job=job):
-            return [ctx.measure(m, job, lambda: wl.fio_run(m.root, "fio", man, job, runtime))]
-        ctx.systems = [s for s in systems if s != "link" or i == 0]
-        try:
-            rows += ctx.run_systems("fio", "fio", man, body)
-        finally:
-            ctx.systems = systems
-    return rows
+
+    def body(ctx, m):
+        rows = []
+        for job in wl.fio_jobs():
+            ctx.drop_caches(m, "fio", level=1)
+            rows.append(ctx.measure(m, job, lambda: wl.fio_run(m.root, "fio", man, job, runtime)))
+        return rows
+    return ctx.run_systems("fio", "fio", man, body)
 
 
 for _fn in (shards, samples, train, bigfile, overflow, fio):

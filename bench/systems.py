@@ -29,6 +29,9 @@ from typing import Callable, Iterator
 MOUNT_TIMEOUT_S = 60.0
 # After fusermount -u, how long a daemon may take to exit before SIGTERM/SIGKILL.
 EXIT_GRACE_S = 10.0
+# s3fs needs multipart_size (10 MiB) x parallel_count (16) of free disk beyond
+# ensure_diskfree to start, plus some slack: its smallest honourable cache limit.
+S3FS_MIN_CACHE_MB = 10 * 16 + 16
 
 ALL_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-noprefetch", "rclone", "s3fs"]
 
@@ -325,10 +328,14 @@ class S3fsSystem(System):
         # s3fs has no cache size limit, only ensure_diskfree (it cleans the cache when free
         # disk would fall below it); a scenario that limits the cache sets it to the disk's
         # free space minus the limit.  Other writers on the disk make this approximate.
+        # s3fs refuses to start unless free - ensure_diskfree >= multipart_size (10 MiB) x
+        # parallel_count, so the smallest limit it can honour is S3FS_MIN_CACHE_MB.
         extra = []
+        limit = None
         if opts.cache_mb < MountOptions.cache_mb:
+            limit = max(opts.cache_mb, S3FS_MIN_CACHE_MB)
             free_mb = shutil.disk_usage(cache).free // (1 << 20)
-            extra.append(f"ensure_diskfree={max(free_mb - opts.cache_mb, 1)}")
+            extra.append(f"ensure_diskfree={max(free_mb - limit, 1)}")
         o = ",".join(extra + [
             f"url={self.env.endpoint}", "use_path_request_style",
             f"passwd_file={pw}", f"use_cache={cache}", f"endpoint={self.env.region}",
@@ -344,7 +351,8 @@ class S3fsSystem(System):
             _wait_mounted(mnt, proc, log)
             yield Mounted(self.name, mnt, remote=True,
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
-                                "pid": proc.pid, "fuse_dev": _fuse_dev(mnt)})
+                                "pid": proc.pid, "fuse_dev": _fuse_dev(mnt),
+                                "cache_limit_mb": limit})
         finally:
             unmount(mnt)
             _stop(proc)

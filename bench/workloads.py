@@ -103,7 +103,7 @@ def fio_run(root: Path, ds_name: str, manifest: dict, job: str, runtime_s: int) 
     """Run bench/fio/JOB.fio against ``root/ds_name`` and parse its JSON output."""
     if not shutil.which("fio"):
         raise RuntimeError("fio not installed")
-    sizes = {m["size"] for m in manifest["files"].values()}
+    sizes = {m["size"] for rel, m in manifest["files"].items() if rel.startswith(job + ".")}
     env = dict(os.environ, FIO_DIR=str(root / ds_name), FIO_SIZE=str(min(sizes)),
                FIO_RUNTIME=str(runtime_s))
     t0 = time.monotonic()
