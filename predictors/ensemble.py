@@ -39,8 +39,9 @@ FETCH_LATENCY_S = 0.060
 DEPTH_SAFETY = 4.0
 MIN_DEPTH = 4        # never look less than a few files ahead
 MAX_DEPTH = 1024     # nor more than ~8 workers x 128 samples
-# Re-classify every 8 opens (the forest costs ~20-40 us; per-open would dominate observe).
-CLASSIFY_EVERY = 8
+# Re-classify every 16 opens: features + forest cost ~100-150 us, ~8 us per open
+# amortized; a pattern change is still picked up within a quarter of the feature window.
+CLASSIFY_EVERY = 16
 # Classify once half a feature window has been seen; before that trust only a stride
 # predictor that has already proven itself.
 CLASSIFY_AFTER = WINDOW // 2

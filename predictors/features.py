@@ -49,7 +49,9 @@ class PatternFeatures:
         self.last_by_pid: dict[int, tuple[int, int]] = {}   # pid -> (index, prev_pos)
         # per open: (index, delta or None, step in last epoch's order or None, in_prev, reread, dt)
         self.opens: deque = deque(maxlen=WINDOW)
-        self.reads: deque = deque(maxlen=4 * WINDOW)         # (t, sequential flag)
+        self.reads: deque = deque(maxlen=4 * WINDOW)         # sequential-read flags
+        self.read_seq_sum = 0                                # sum of those flags
+        self.n_reads = 0                                     # reads ever
         self.read_end: OrderedDict[str, int] = OrderedDict()
         self.last_t: float | None = None
         self.seq = 0
@@ -63,7 +65,12 @@ class PatternFeatures:
     def observe(self, ev: Event) -> None:
         if ev.op == "read":
             end = self.read_end.get(ev.path)
-            self.reads.append((ev.t, end is not None and ev.off == end and ev.off > 0))
+            flag = end is not None and ev.off == end and ev.off > 0
+            if len(self.reads) == self.reads.maxlen:
+                self.read_seq_sum -= self.reads[0]
+            self.reads.append(flag)
+            self.read_seq_sum += flag
+            self.n_reads += 1
             self.read_end[ev.path] = ev.off + ev.len
             self.read_end.move_to_end(ev.path)
             if len(self.read_end) > SEQ_FILES:
@@ -90,7 +97,7 @@ class PatternFeatures:
         self.last_seq[ev.path] = self.seq
         seen = ls is not None
         short = seen and (self.seq - ls) < 0.5 * len(self.last_seq)
-        self.opens.append((idx, delta, rep, pp >= 0, reread, dt, seen, short))
+        self.opens.append((idx, delta, rep, pp >= 0, reread, dt, seen, short, self.n_reads))
 
     def vector(self) -> list[float]:
         ops = self.opens
@@ -110,7 +117,7 @@ class PatternFeatures:
         rep = rcount / len(reps) if reps and rmode > 0 else 0.0
         in_prev = sum(o[3] for o in ops) / n
         reread = sum(o[4] for o in ops) / n
-        fs = sum(r[1] for r in self.reads) / len(self.reads) if self.reads else 0.0
+        fs = self.read_seq_sum / len(self.reads) if self.reads else 0.0
         dts = [o[5] for o in list(ops)[1:]]
         if dts:
             m = sum(dts) / len(dts)
@@ -118,9 +125,7 @@ class PatternFeatures:
             cv = sd / m if m > 0 else 0.0
         else:
             cv = 0.0
-        span_t = sum(dts)
-        reads_in = sum(1 for r in self.reads if self.last_t is not None
-                       and r[0] >= self.last_t - span_t) if dts else len(self.reads)
+        reads_in = self.n_reads - ops[0][8]       # reads since the window's first open
         return [seq, mcount / nd, math.log2(1 + abs(mode)), gmode, math.log2(1 + gval), rep, in_prev, reread,
                 1.0 if self.tracker.epoch > 0 else 0.0, min(1.0, self.tracker.coverage()),
                 fs, math.log2(1 + reads_in / n), min(cv, 10.0),

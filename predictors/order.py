@@ -74,7 +74,7 @@ class OrderCursor:
         p = self._candidate(path)
         if p is None:
             return None
-        rank = int(np.count_nonzero(~self.consumed[self.lo:p]))
+        rank = (p - self.lo) - int(np.count_nonzero(self.consumed[self.lo:p]))
         if p - max(self.lo, self.hi) > ORDER_WINDOW:
             pend, self._pending = self._pending, p
             if pend is None or abs(p - pend) > ORDER_WINDOW:

@@ -31,3 +31,9 @@ def test_shipped_model_matches_the_feature_set():
     doc = json.loads(MODEL_PATH.read_text())
     assert doc["features"] == list(FEATURES)
     assert 0 < len(doc["trees"]) <= 32
+
+
+def test_train_cli_rebuilds_the_shipped_model_byte_for_byte(tmp_path):
+    out = tmp_path / "model.json"
+    assert train.main(["--out", str(out)]) == 0
+    assert out.read_bytes() == MODEL_PATH.read_bytes()
