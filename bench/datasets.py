@@ -116,8 +116,8 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
                                            "samples_per_shard": 64 if quick else 128,
                                            "sample_lo": 60_000, "sample_hi": 140_000})
     if name == "samples":
-        return Dataset("samples", "samples", {"files": 128 if quick else 2000,
-                                              "classes": 10 if quick else 50,
+        return Dataset("samples", "samples", {"files": 128 if quick else 1000,
+                                              "classes": 8 if quick else 25,
                                               "size_lo": 80_000, "size_hi": 120_000})
     if name == "bigfile":
         return Dataset("bigfile", "blob", {"size": (64 << 20) if quick else (1 << 30),

@@ -116,7 +116,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             for r in rs:
                 if r["system"] != "link" and r["system"] not in systems:
                     systems.append(r["system"])
-            fig, ax = plt.subplots(figsize=(max(6, 1.6 * len(systems) * max(len(phases), 1)), 4.5))
+            fig, ax = plt.subplots(figsize=(min(14, max(6, 1.3 * len(systems) + 2)), 4.5))
             width = 0.8 / max(len(phases), 1)
             for i, ph in enumerate(phases):
                 vals = []

@@ -109,14 +109,29 @@ for _fn in (shards, samples, train, bigfile, overflow, fio):
 
 
 def _maybe_register_maze() -> None:
-    """bench/maze/scenario.py exposing ``scenario(ctx)`` becomes the ``maze`` scenario."""
+    """bench/maze/scenario.py exposing ``scenario(ctx)`` becomes the ``maze`` scenario.
+
+    A module that exists but fails to import still registers, as a scenario that
+    raises the import error -- the run shows an error row instead of a missing scenario.
+    """
     try:
         mod = importlib.import_module("bench.maze.scenario")
-    except ImportError:
+    except ModuleNotFoundError as exc:
+        if exc.name in ("bench.maze", "bench.maze.scenario"):
+            return
+        err = exc
+    except Exception as exc:  # a broken module must not break the other scenarios
+        err = exc
+    else:
+        fn = getattr(mod, "scenario", None)
+        if callable(fn):
+            register("maze", fn)
         return
-    fn = getattr(mod, "scenario", None)
-    if callable(fn):
-        register("maze", fn)
+
+    def broken(ctx):
+        raise RuntimeError(f"bench.maze.scenario failed to import: {err!r}")
+    broken.__doc__ = "maze (import failed)"
+    register("maze", broken)
 
 
 _maybe_register_maze()

@@ -1,0 +1,51 @@
+"""Ratios and table of a run, the scenario registry (no servers, no mounts)."""
+from __future__ import annotations
+
+from bench import report
+from bench.scenarios import SCENARIOS, register
+
+
+def _rows():
+    return [
+        {"scenario": "shards", "system": "link", "phase": "link", "value": 200.0,
+         "unit": "MB/s", "mbps": 200.0, "link_bytes_down": 10},
+        {"scenario": "shards", "system": "local", "phase": "cold", "value": 800.0,
+         "unit": "MB/s", "mbps": 800.0},
+        {"scenario": "shards", "system": "rclone", "phase": "cold", "value": 20.0,
+         "unit": "MB/s", "mbps": 20.0, "byte_hit_rate_est": 0.0, "link_bytes_down": 5e6},
+        {"scenario": "shards", "system": "s3fs", "phase": "-", "error": "boom"},
+        {"scenario": "train", "system": "local", "phase": "cold", "value": 110.0,
+         "unit": "samples/s", "mbps": 10.0,
+         "windows": [{"batch": b, "samples_per_s": 116.0} for b in (4, 8, 12, 16)]},
+        {"scenario": "train", "system": "rclone", "phase": "cold", "value": 90.0,
+         "unit": "samples/s", "mbps": 8.0,
+         "windows": [{"batch": 4, "samples_per_s": 40.0}, {"batch": 8, "samples_per_s": 100.0},
+                     {"batch": 12, "samples_per_s": 111.0}, {"batch": 16, "samples_per_s": 116.0}]},
+    ]
+
+
+def test_annotate_ratios_and_within5():
+    rows = report.annotate(_rows())
+    rc = rows[2]
+    assert rc["x_local"] == 20.0 / 800.0
+    assert rc["x_link"] == 20.0 / 200.0
+    assert rows[5]["within5_batch"] == 12   # 111 >= 0.95 * 116
+    assert "x_local" not in rows[3]
+
+
+def test_table_shows_errors_and_rows():
+    rows = report.annotate(_rows())
+    text = report.table(rows, {"argv": ["bench", "run"], "rtt_ms": 60, "cpus": 2},
+                        ["a note"])
+    assert "ERROR boom" in text
+    assert "within 5% of local at batch 12" in text
+    assert "note: a note" in text
+
+
+def test_registry_is_extensible():
+    assert {"shards", "samples", "train", "bigfile", "overflow", "fio"} <= set(SCENARIOS)
+    register("dummy", lambda ctx: [])
+    try:
+        assert SCENARIOS["dummy"](None) == []
+    finally:
+        del SCENARIOS["dummy"]
