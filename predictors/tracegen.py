@@ -122,9 +122,13 @@ def _epoch_orders(s: TraceSpec, perm: Perm) -> list[list[int]]:
     raise ValueError(f"unknown family {f!r}")
 
 
-def _label(family: str, epoch: int) -> str:
+def _label(family: str, epoch: int, world: int = 1) -> str:
     if family == "webdataset":
         return "shuffled"
+    if family == "shuffled" and world > 1 and epoch > 0:
+        # DistributedSampler with set_epoch: this rank gets a different random 1/w of the
+        # data every epoch, so there is no fixed working set to exploit
+        return "random"
     if family == "repeated" and epoch == 0:
         return "shuffled"       # a first epoch of a fixed shuffle looks like any shuffle
     return family
@@ -144,7 +148,7 @@ def generate(spec: TraceSpec, perm: Perm = numpy_perm) -> Trace:
     t0 = 0.0
     for e, idx in enumerate(_epoch_orders(s, perm)):
         order += [catalog[i][0] for i in idx]
-        label = _label(s.family, e)
+        label = _label(s.family, e, s.world)
         if shards:   # WebDataset split_by_worker: worker k takes shards[k::W]
             per_worker = [idx[k::s.workers] for k in range(s.workers)]
         else:        # DataLoader: batch b goes to worker b % W
@@ -195,6 +199,8 @@ def random_spec(family: str, rng: np.random.Generator) -> TraceSpec:
     if family == "strided":
         world = max(world, 2)
         kw.update(n_files=kw["n_files"] * world)
+    if family == "shuffled" and rng.random() < 0.75:
+        world = 1           # mostly RandomSampler; sometimes one rank of DistributedSampler
     if family in ("strided", "repeated", "shuffled"):
         kw.update(world=world, rank=int(rng.integers(world)))
     if family == "webdataset":
