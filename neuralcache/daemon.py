@@ -183,8 +183,10 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     prefetcher = Prefetcher(ns, store, predictor,
                             budget_bytes=int(cfg.memory_cache_size * PREFETCH_BUDGET_FRACTION),
                             enabled=cfg.prefetch)
-    if hasattr(predictor, "evict_rank"):
-        disk.evict_rank = predictor.evict_rank
+    # Epoch-aware eviction: blocks of files consumed this epoch go before unread ones.
+    tracker = getattr(getattr(predictor, "epochset", None), "tracker", None)
+    if tracker is not None and hasattr(tracker, "evict_rank"):
+        disk.evict_rank = tracker.evict_rank
 
     def stats_json() -> bytes:
         extra = {"source": cfg.source, "mountpoint": mp,
@@ -193,6 +195,11 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,
                  "readahead": cfg.readahead, "prefetch": cfg.prefetch}
+        if hasattr(predictor, "stats"):
+            try:
+                extra["predictor"] = predictor.stats()
+            except Exception:  # stats must never fail because of a predictor
+                log.exception("predictor stats failed")
         snap = stats.snapshot(cache_disk_bytes=disk.used, cache_disk_blocks=len(disk),
                               cache_mem_bytes=mem.used, cache_disk_limit=disk.limit,
                               cache_mem_limit=mem.limit,
