@@ -13,7 +13,7 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("run", help="run scenarios on every system through the WAN proxy")
     r.add_argument("--scenario", default="all",
-                   help="comma-separated scenario names, or 'all' (see 'list')")
+                   help="comma-separated scenario names, or 'all' = the built-in six (see 'list')")
     r.add_argument("--systems", default="all",
                    help="comma-separated: link,local,neuralcache,neuralcache-noprefetch,"
                         "rclone,s3fs (default all)")
@@ -45,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "ceiling":
         from bench.ceiling import main as ceiling_main
         return ceiling_main(a)
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import DEFAULT, SCENARIOS
     from bench.systems import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
-        print(f"{name:10} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        extra = "" if name in DEFAULT else "  [not in 'all']"
+        print(f"{name:10} {(fn.__doc__ or '').strip().splitlines()[0]}{extra}")
     print("systems:", ", ".join(ALL_SYSTEMS))
     return 0
 

@@ -193,9 +193,9 @@ def _sigterm(signum, frame):
 
 def run(args) -> int:
     from bench import report
-    from bench.scenarios import SCENARIOS
+    from bench.scenarios import DEFAULT, SCENARIOS
 
-    names = list(SCENARIOS) if args.scenario in (None, "all") else args.scenario.split(",")
+    names = list(DEFAULT) if args.scenario in (None, "all") else args.scenario.split(",")
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         print(f"unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)

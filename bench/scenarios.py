@@ -15,10 +15,15 @@ from bench import workloads as wl
 from bench.systems import S3FS_MIN_CACHE_MB, MountOptions
 
 SCENARIOS: dict[str, Callable] = {}
+# What "--scenario all" runs: the built-in scenarios (their sizes fit the --quick and
+# full time budgets); registered extras such as maze run when named.
+DEFAULT: list[str] = []
 
 
-def register(name: str, fn: Callable) -> Callable:
+def register(name: str, fn: Callable, default: bool = False) -> Callable:
     SCENARIOS[name] = fn
+    if default and name not in DEFAULT:
+        DEFAULT.append(name)
     return fn
 
 
@@ -73,8 +78,8 @@ def overflow(ctx):
     opts = MountOptions(cache_mb=cache_mb, memory_cache_mb=max(cache_mb // 4, 8))
     ctx.notes.append(f"overflow: cache {cache_mb} MiB (neuralcache disk {cache_mb} MiB + "
                      f"memory {opts.memory_cache_mb} MiB; rclone --vfs-cache-max-size "
-                     f"{cache_mb}M; s3fs has no size limit, emulated with ensure_diskfree = free disk - "
-                     f"max(cache, {S3FS_MIN_CACHE_MB} MiB)), dataset "
+                     f"{cache_mb}M; s3fs: cache dir on a tmpfs of max(cache, {S3FS_MIN_CACHE_MB} MiB) "
+                     "+ 8 MiB with ensure_diskfree=8), dataset "
                      f"{sum(m['size'] for m in man['files'].values()) / 2**20:.0f} MiB; "
                      "kernel page cache dropped before every epoch")
 
@@ -105,7 +110,7 @@ def fio(ctx):
 
 
 for _fn in (shards, samples, train, bigfile, overflow, fio):
-    register(_fn.__name__, _fn)
+    register(_fn.__name__, _fn, default=True)
 
 
 def _maybe_register_maze() -> None:

@@ -32,6 +32,8 @@ EXIT_GRACE_S = 10.0
 # s3fs needs multipart_size (10 MiB) x parallel_count (16) of free disk beyond
 # ensure_diskfree to start, plus some slack: its smallest honourable cache limit.
 S3FS_MIN_CACHE_MB = 10 * 16 + 16
+# Free space s3fs keeps on its (tmpfs) cache filesystem when the cache is limited.
+S3FS_RESERVE_MB = 8
 
 ALL_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-noprefetch", "rclone", "s3fs"]
 
@@ -325,17 +327,22 @@ class S3fsSystem(System):
         pw.write_text(f"{self.env.access_key}:{self.env.secret_key}\n")
         pw.chmod(0o600)
         log = base / "s3fs.log"
-        # s3fs has no cache size limit, only ensure_diskfree (it cleans the cache when free
-        # disk would fall below it); a scenario that limits the cache sets it to the disk's
-        # free space minus the limit.  Other writers on the disk make this approximate.
+        # s3fs has no cache size limit, only ensure_diskfree (it cleans its cache when
+        # free space on the cache's filesystem would fall below it).  To cap the cache
+        # without depending on other writers of the shared disk, a limited cache lives on
+        # its own tmpfs of limit + S3FS_RESERVE_MB with ensure_diskfree=S3FS_RESERVE_MB.
         # s3fs refuses to start unless free - ensure_diskfree >= multipart_size (10 MiB) x
         # parallel_count, so the smallest limit it can honour is S3FS_MIN_CACHE_MB.
         extra = []
         limit = None
         if opts.cache_mb < MountOptions.cache_mb:
             limit = max(opts.cache_mb, S3FS_MIN_CACHE_MB)
-            free_mb = shutil.disk_usage(cache).free // (1 << 20)
-            extra.append(f"ensure_diskfree={max(free_mb - limit, 1)}")
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                                f"size={limit + S3FS_RESERVE_MB}m,mode=0700",
+                                "bench-s3fs-cache", str(cache)], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise SystemUnavailable(f"tmpfs for the s3fs cache: {r.stderr.strip()}")
+            extra.append(f"ensure_diskfree={S3FS_RESERVE_MB}")
         o = ",".join(extra + [
             f"url={self.env.endpoint}", "use_path_request_style",
             f"passwd_file={pw}", f"use_cache={cache}", f"endpoint={self.env.region}",
@@ -356,6 +363,8 @@ class S3fsSystem(System):
         finally:
             unmount(mnt)
             _stop(proc)
+            if limit is not None:
+                subprocess.run(["umount", str(cache)], capture_output=True)
 
 
 def neuralcache_binary() -> str | None:
