@@ -157,17 +157,19 @@ class DiskTier:
             self._owner[name] = bk.key
         path = self._path(name)
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            with open(path, "rb", buffering=0) as f:
+                head = f.read(_HEADER.size)
+                if len(head) < _HEADER.size:
+                    return self._corrupt(name, path, "short header")
+                magic, _, length, digest, _ = _HEADER.unpack(head)
+                if magic != _MAGIC or length > self.limit:
+                    return self._corrupt(name, path, "bad header")
+                data = f.read(length + 1)      # one copy; +1 detects trailing bytes
         except OSError as exc:
             self._warn("read", "disk cache read failed (%s); treating as a miss", exc)
             self._forget(name)
             return None
-        if len(raw) < _HEADER.size:
-            return self._corrupt(name, path, "short header")
-        magic, _, length, digest, _ = _HEADER.unpack_from(raw)
-        data = raw[_HEADER.size:]
-        if magic != _MAGIC or length != len(data) or xxhash.xxh3_64_intdigest(data) != digest:
+        if length != len(data) or xxhash.xxh3_64_intdigest(data) != digest:
             return self._corrupt(name, path, "checksum mismatch")
         return data
 
