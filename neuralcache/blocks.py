@@ -38,8 +38,9 @@ DEFAULT_BLOCK_SIZE = 8 << 20
 DEFAULT_CONCURRENCY = 32
 # Slots only demand reads may use, so that speculative work never blocks a reader.
 DEFAULT_RESERVED_FOR_DEMAND = 4
-# A demand read gives up (EIO) after this long; the backend retries inside it.
-DEMAND_DEADLINE_S = 60.0
+# A demand read gives up (EIO) after this long; the backend retries inside it (5
+# attempts, each bounded by the S3 read timeout of 5 s, plus ~3 s of backoff).
+DEMAND_DEADLINE_S = 30.0
 # Pending background disk writes; past this, fetched blocks are served but not cached
 # (disk slower than the link), which costs a refetch later, never a reader's time.
 DISK_WRITE_QUEUE = 64

@@ -15,7 +15,7 @@ import sys
 import time
 
 from . import __version__, control, mounts
-from .config import OPTIONS, MountConfig, parse_o_options
+from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
 from .errors import UserError
 from .sizes import format_size
 
@@ -33,8 +33,12 @@ log = logging.getLogger("neuralcache")
 
 # -- mount ----------------------------------------------------------------------------
 def _add_mount_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", help="s3://BUCKET[/PREFIX] or a directory (e.g. an NFS mount)")
-    p.add_argument("mountpoint", help="an existing empty directory")
+    p.add_argument("source", nargs="?",
+                   help="s3://BUCKET[/PREFIX] or a directory (e.g. an NFS mount)")
+    p.add_argument("mountpoint", nargs="?", help="an existing directory")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML file with source, mountpoint and any option below "
+                        "(flags and -o override it; see systemd/example.toml)")
     for name, (_, help_text) in OPTIONS.items():
         flag = "--" + name.replace("_", "-")
         if name in ("readahead", "prefetch"):
@@ -51,9 +55,16 @@ def _add_mount_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_config(args: argparse.Namespace) -> MountConfig:
-    cfg = MountConfig(source=args.source, mountpoint=args.mountpoint,
-                      foreground=args.foreground)
     values: dict[str, object] = {}
+    if args.config:
+        values.update(load_config_file(args.config))
+    source = args.source or values.pop("source", None)
+    mountpoint = args.mountpoint or values.pop("mountpoint", None)
+    values.pop("source", None)
+    values.pop("mountpoint", None)
+    if not source or not mountpoint:
+        raise UserError("give SOURCE and MOUNTPOINT, on the command line or in --config")
+    cfg = MountConfig(source=source, mountpoint=mountpoint, foreground=args.foreground)
     for text in args.options:
         values.update(parse_o_options(text))
     for name, (parser, _) in OPTIONS.items():
@@ -183,9 +194,16 @@ def _daemon_pid(mp: str) -> int | None:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    mp = os.path.abspath(args.mountpoint)
+    target = args.mountpoint
+    if args.config:
+        target = target or load_config_file(args.config).get("mountpoint")
+    if not target:
+        raise UserError("give MOUNTPOINT, or --config with a mountpoint")
+    mp = os.path.abspath(target)
     entry = mounts.find_mount(mp)
     if entry is None:
+        if args.if_mounted:
+            return 0
         raise UserError(f"{mp} is not mounted")
     if entry.fstype != mounts.FSTYPE:
         raise UserError(f"{mp} is not a NeuralCache mount (it is {entry.fstype} "
@@ -268,8 +286,40 @@ def format_stats(s: dict) -> str:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     s = read_stats(args.mountpoint)
+    if args.watch:
+        return watch_stats(args.mountpoint, s, args.interval)
     print(json.dumps(s, indent=2) if args.json else format_stats(s))
     return 0
+
+
+def format_rates(prev: dict, cur: dict, dt: float) -> str:
+    def rate(key):
+        return max(0, cur[key] - prev[key]) / dt
+
+    served, fetched = rate("bytes_served"), rate("bytes_fetched")
+    hit_d = cur.get("demand_hit_bytes", 0) - prev.get("demand_hit_bytes", 0)
+    srv_d = cur["bytes_served"] - prev["bytes_served"]
+    hit = f"{hit_d / srv_d:6.1%}" if srv_d > 0 else "     -"
+    lat = cur.get("backend_latency_ms", {})
+    return (f"{time.strftime('%H:%M:%S')}  served {format_size(served):>7}/s  "
+            f"fetched {format_size(fetched):>7}/s  hit {hit}  "
+            f"reads {rate('reads'):7.0f}/s  opens {rate('opens'):6.0f}/s  "
+            f"backend p50 {lat.get('p50', 0):6.1f} ms  "
+            f"cache {format_size(cur['cache_disk_bytes'])}")
+
+
+def watch_stats(mp: str, first: dict, interval: float) -> int:
+    """Live view: one line per interval with rates since the previous line."""
+    prev, t_prev = first, time.monotonic()
+    print(format_stats(first))
+    try:
+        while True:
+            time.sleep(interval)
+            cur, now = read_stats(mp), time.monotonic()
+            print(format_rates(prev, cur, now - t_prev), flush=True)
+            prev, t_prev = cur, now
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -284,6 +334,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
         n = data.count(b"\n")
         print(f"neuralcache: wrote {n} events to {args.out}")
     return 0
+
+
+def cmd_warm(args: argparse.Namespace) -> int:
+    from .warm import warm
+
+    read_stats(args.mountpoint)   # a live NeuralCache mount?
+    return warm(args.mountpoint, args.paths, args.from_file, args.jobs, args.check)
 
 
 # -- entry point -------------------------------------------------------------------------
@@ -301,14 +358,32 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=cmd_mount)
     u = sub.add_parser("umount", help="unmount a NeuralCache mount",
                        description="Unmount and wait for the daemon to exit.")
-    u.add_argument("mountpoint")
+    u.add_argument("mountpoint", nargs="?")
+    u.add_argument("--config", metavar="FILE", help="take the mountpoint from this TOML file")
     u.add_argument("-z", "--lazy", action="store_true",
                    help="detach now even if files are open (umount -l)")
+    u.add_argument("--if-mounted", action="store_true",
+                   help="succeed quietly when nothing is mounted (for service scripts)")
     u.set_defaults(func=cmd_umount)
     s = sub.add_parser("stats", help="print live counters of a mount")
     s.add_argument("mountpoint")
     s.add_argument("--json", action="store_true", help="machine-readable (keys in README)")
+    s.add_argument("--watch", action="store_true",
+                   help="live view: rates every --interval seconds until Ctrl-C")
+    s.add_argument("--interval", type=float, default=1.0, help="seconds between lines (1)")
     s.set_defaults(func=cmd_stats)
+    w = sub.add_parser("warm", help="fetch files into the cache ahead of a job",
+                       description="Read files through the mount so they are cached "
+                                   "before a job starts (default: the whole mount).")
+    w.add_argument("mountpoint")
+    w.add_argument("paths", nargs="*", help="files or directories, absolute or relative "
+                                            "to the mount (default: everything)")
+    w.add_argument("--from-file", metavar="FILE",
+                   help="also warm the paths listed in FILE, one per line (- for stdin)")
+    w.add_argument("-j", "--jobs", type=int, default=16, help="files read at once (16)")
+    w.add_argument("--check", action="store_true",
+                   help="only report how much is already cached")
+    w.set_defaults(func=cmd_warm)
     t = sub.add_parser("trace", help="dump the access trace of a mount (JSON Lines)")
     t.add_argument("mountpoint")
     t.add_argument("--out", required=True, help="output file, or - for stdout")
@@ -332,3 +407,43 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def mount_helper(argv: list[str] | None = None) -> int:
+    """``mount.fuse.neuralcache SOURCE MOUNTPOINT [-o OPTS] [-n] [-s] [-f] [-v]``: what
+    mount(8) runs for ``mount -t fuse.neuralcache`` and fstab lines.  mount's own flags
+    (-n no mtab, -s sloppy, -f fake, -v verbose) are accepted; -f does nothing."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pos: list[str] = []
+    opts: list[str] = []
+    fake = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-o" and i + 1 < len(argv):
+            opts.append(argv[i + 1])
+            i += 2
+            continue
+        if a.startswith("-o") and len(a) > 2:
+            opts.append(a[2:])
+        elif a in ("-n", "-s", "-v"):
+            pass
+        elif a == "-f":
+            fake = True
+        elif a.startswith("-"):
+            print(f"mount.fuse.neuralcache: error: unknown flag {a}", file=sys.stderr)
+            return 1
+        else:
+            pos.append(a)
+        i += 1
+    if len(pos) != 2:
+        print("usage: mount.fuse.neuralcache SOURCE MOUNTPOINT [-o OPTIONS]", file=sys.stderr)
+        return 1
+    if fake:
+        return 0
+    # fuse's generic helper may pass the type prefix: "neuralcache#s3://bucket"
+    source = pos[0].split("#", 1)[1] if pos[0].startswith("neuralcache#") else pos[0]
+    args = ["mount", source, pos[1]]
+    for o in opts:
+        args += ["-o", o]
+    return main(args)

@@ -44,6 +44,11 @@ class MountConfig:
     foreground: bool = False
     log_file: str | None = None
     debug: bool = False
+    profile: str | None = None
+    # Prometheus endpoint: off unless a port is given; loopback unless told otherwise
+    # (metrics reveal dataset names and sizes).
+    metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"
 
 
 # name -> (parser, help).  Flags are --name-with-dashes; -o uses name_with_underscores
@@ -83,10 +88,22 @@ def _positive_int(name):
     return parse
 
 
+def _port(v):
+    try:
+        x = int(v)
+    except ValueError:
+        raise UserError(f"bad port {v!r}: expected a number 1-65535") from None
+    if not 0 < x < 65536:
+        raise UserError(f"bad port {v!r}: expected a number 1-65535")
+    return x
+
+
 OPTIONS: dict[str, tuple] = {
     "endpoint_url": (str, "S3 endpoint URL for S3-compatible stores (default: AWS, or "
                           "$AWS_ENDPOINT_URL)"),
     "region": (str, "S3 region (default: from the AWS config, else us-east-1)"),
+    "profile": (str, "AWS profile from ~/.aws/config (default: $AWS_PROFILE or the "
+                     "default chain)"),
     "cache_dir": (os.path.expanduser, "directory of the persistent disk cache "
                                       "(default: /var/cache/neuralcache as root, else "
                                       "~/.cache/neuralcache)"),
@@ -111,6 +128,8 @@ OPTIONS: dict[str, tuple] = {
     "log_file": (os.path.expanduser, "daemon log file when in the background (default "
                                      "CACHE_DIR/neuralcache.log)"),
     "debug": (_bool, "debug logging"),
+    "metrics_port": (_port, "serve Prometheus metrics on this port (default: off)"),
+    "metrics_addr": (str, "address for the metrics endpoint (default 127.0.0.1)"),
 }
 
 
@@ -143,3 +162,36 @@ def parse_o_options(text: str) -> dict[str, object]:
 
 def known_fields() -> set[str]:
     return {f.name for f in fields(MountConfig)}
+
+
+def load_config_file(path: str) -> dict[str, object]:
+    """A TOML file of mount options: ``source``, ``mountpoint`` and any key of OPTIONS
+    (underscores or dashes).  Unknown keys are an error that names the key."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise UserError(f"config file {path} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"cannot read config file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"config file {path} is not valid TOML: {exc}") from None
+    out: dict[str, object] = {}
+    for key, value in doc.items():
+        name = key.replace("-", "_")
+        if name in ("source", "mountpoint"):
+            if not isinstance(value, str) or not value:
+                raise UserError(f"{key} in {path} must be a non-empty string")
+            out[name] = value
+            continue
+        if name not in OPTIONS:
+            raise UserError(f"unknown key {key!r} in {path}; see neuralcache mount --help "
+                            "for the options")
+        if isinstance(value, (dict, list)):
+            raise UserError(f"{key} in {path} must be a single value")
+        parser = OPTIONS[name][0]
+        out[name] = parser(value) if isinstance(value, bool) and parser is _bool \
+            else parser(str(value).lower() if isinstance(value, bool) else str(value))
+    return out

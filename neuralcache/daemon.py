@@ -146,7 +146,7 @@ async def _serve(cfg: MountConfig, on_ready) -> None:
     mp = check_mountpoint(cfg.mountpoint)
     try:
         backend = open_backend(cfg.source, endpoint_url=cfg.endpoint_url, region=cfg.region,
-                               concurrency=cfg.concurrency)
+                               concurrency=cfg.concurrency, profile=cfg.profile)
     except BackendError as exc:
         raise UserError(str(exc)) from None
     await _check_backend(backend, cfg)
@@ -188,7 +188,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     if tracker is not None and hasattr(tracker, "evict_rank"):
         disk.evict_rank = tracker.evict_rank
 
-    def stats_json() -> bytes:
+    def snapshot() -> dict:
         extra = {"source": cfg.source, "mountpoint": mp,
                  "files": ns.files, "dataset_bytes": ns.total_bytes,
                  "hints": prefetcher.hints_set, "open_handles": ops.open_handles(),
@@ -200,11 +200,26 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 extra["predictor"] = predictor.stats()
             except Exception:  # stats must never fail because of a predictor
                 log.exception("predictor stats failed")
-        snap = stats.snapshot(cache_disk_bytes=disk.used, cache_disk_blocks=len(disk),
+        return stats.snapshot(cache_disk_bytes=disk.used, cache_disk_blocks=len(disk),
                               cache_mem_bytes=mem.used, cache_disk_limit=disk.limit,
                               cache_mem_limit=mem.limit,
                               backend_retries=getattr(backend, "retries", 0), extra=extra)
-        return (json.dumps(snap, indent=2) + "\n").encode()
+
+    def stats_json() -> bytes:
+        return (json.dumps(snapshot(), indent=2) + "\n").encode()
+
+    metrics = None
+    if cfg.metrics_port:
+        from .metrics import Metrics
+
+        metrics = Metrics(snapshot)
+        try:
+            metrics.serve(cfg.metrics_port, cfg.metrics_addr)
+        except OSError as exc:
+            raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: "
+                            f"{exc.strerror}; pick another --metrics-port") from None
+        stats.read_hist = metrics.read_seconds
+        stats.backend_hist = metrics.backend_seconds
 
     def hints_status() -> bytes:
         return f"# {prefetcher.hints_set} hinted paths; write paths, one per line\n".encode()
@@ -239,6 +254,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     finally:
         sd_notify("STOPPING=1")
         pyfuse3.close(unmount=True)
+        if metrics is not None:
+            metrics.close()
         log.info("unmounted %s (clean=%s)", mp, unmounted)
 
 

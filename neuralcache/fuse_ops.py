@@ -36,6 +36,9 @@ ERRNO: dict[type, int] = {
     UserError: errno.EINVAL,        # e.g. a malformed hint
 }
 
+XATTR_CACHED = b"user.neuralcache.cached"
+XATTR_VERSION = b"user.neuralcache.version"
+
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
@@ -274,11 +277,14 @@ class Operations(pyfuse3.Operations):
         st = self.stats
         st.reads += 1
         p = h.pinned
+        t0 = time.monotonic()
         try:
             data = await self.store.read(p, off, size)
         except Exception:
             st.read_errors += 1
             raise
+        if st.read_hist is not None:
+            st.read_hist.observe(time.monotonic() - t0)
         st.bytes_served += len(data)
         self.trace.record("read", p.key, off, len(data), h.pid, p.size)
         if h.readahead is not None:
@@ -310,6 +316,20 @@ class Operations(pyfuse3.Operations):
     # -- everything else is read-only ---------------------------------------------------
     @_edge
     async def getxattr(self, inode, name, ctx):
+        """``user.neuralcache.cached``: bytes of the file held by the caches (what
+        `neuralcache warm --check` reads); ``user.neuralcache.version``: the ETag or
+        size:mtime the next open will pin.  Not listed by listxattr, so copies with
+        xattrs (cp -a, rsync -X) do not carry them."""
+        node = self.ns.get(inode)
+        if node is None or node.is_dir or control.is_control_inode(inode):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        if name == XATTR_CACHED:
+            p = Pinned(node.key, node.version, node.size)
+            n = sum(self.store.block_range(p, i)[1] for i in range(self.store.nblocks(p))
+                    if self.store.cached(p, i))
+            return str(n).encode()
+        if name == XATTR_VERSION:
+            return node.version.encode()
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 
     @_edge

@@ -42,12 +42,17 @@ class Stats:
     singleflight_joins: int = 0
     latencies: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
+    # Optional histograms (metrics.py), fed when the metrics endpoint is on.
+    backend_hist: object = None
+    read_hist: object = None
 
     def record_backend(self, seconds: float, nbytes: int, ok: bool) -> None:
         self.backend_requests += 1
         if ok:
             self.bytes_fetched += nbytes
             self.latencies.append(seconds)
+            if self.backend_hist is not None:
+                self.backend_hist.observe(seconds)
         else:
             self.backend_errors += 1
 
@@ -85,6 +90,7 @@ class Stats:
             "backend_retries": backend_retries,
             "backend_latency_ms": self.latency_ms(),
             "singleflight_joins": self.singleflight_joins,
+            "demand_hit_bytes": self.demand_hit_bytes,
             "cache_disk_bytes": cache_disk_bytes,
             "cache_disk_blocks": cache_disk_blocks,
             "cache_mem_bytes": cache_mem_bytes,

@@ -6,7 +6,7 @@ from ..errors import UserError
 
 
 def open_backend(source: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 concurrency: int = 32) -> Backend:
+                 concurrency: int = 32, profile: str | None = None) -> Backend:
     """Backend for ``source``: ``s3://BUCKET[/PREFIX]`` or a directory path."""
     if source.startswith("s3://"):
         from .s3 import S3Backend
@@ -16,7 +16,7 @@ def open_backend(source: str, *, endpoint_url: str | None = None, region: str | 
         if not bucket:
             raise UserError(f"bad source {source!r}: expected s3://BUCKET[/PREFIX]")
         return S3Backend(bucket, prefix, endpoint_url=endpoint_url, region=region,
-                         concurrency=concurrency)
+                         concurrency=concurrency, profile=profile)
     if "://" in source:
         raise UserError(f"bad source {source!r}: use s3://BUCKET[/PREFIX] or a directory path")
     from .posix import PosixBackend

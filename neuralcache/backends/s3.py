@@ -19,10 +19,11 @@ from .base import ObjectInfo, valid_key
 log = logging.getLogger(__name__)
 
 # Socket timeouts.  Connect: a WAN round trip is ~60 ms, so 5 s means the endpoint is
-# not there.  Read: the longest a healthy ranged GET of one block (8 MiB at >= 1 MB/s)
-# waits between packets; a stalled connection is abandoned after this and retried.
+# not there.  Read: the longest a healthy response pauses between packets (a server
+# takes well under a second to start a ranged GET); a stalled connection is abandoned
+# after this and retried on a new one, so one slow GET costs a reader ~5 s, not forever.
 CONNECT_TIMEOUT_S = 5.0
-READ_TIMEOUT_S = 15.0
+READ_TIMEOUT_S = 5.0
 # Threads listing directory prefixes in parallel at mount time (one round trip each).
 LIST_WORKERS = 16
 # Error codes that mean "try again" (AWS retry guidance plus throttling codes).
@@ -35,7 +36,8 @@ _DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotM
 
 class S3Backend:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
-                 region: str | None = None, concurrency: int = 32):
+                 region: str | None = None, concurrency: int = 32,
+                 profile: str | None = None):
         import boto3
         from botocore.config import Config
 
@@ -43,7 +45,13 @@ class S3Backend:
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.description = f"s3://{bucket}/{self.prefix}"
         self.endpoint_url = endpoint_url
-        session = boto3.session.Session()
+        from botocore.exceptions import ProfileNotFound
+
+        try:
+            session = boto3.session.Session(profile_name=profile)
+        except ProfileNotFound:
+            raise UserError(f"AWS profile {profile!r} not found in ~/.aws/config or "
+                            "~/.aws/credentials") from None
         cfg = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
                      retries={"max_attempts": 1, "mode": "standard"},
                      max_pool_connections=concurrency + LIST_WORKERS,

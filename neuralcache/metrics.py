@@ -1,0 +1,135 @@
+"""Prometheus metrics: the counters of `neuralcache stats` plus histograms of read
+latency as readers see it and of backend request latency.
+
+Opt-in (``--metrics-port``), bound to 127.0.0.1 unless ``--metrics-addr`` says
+otherwise.  Names follow Prometheus conventions (``neuralcache_`` prefix, ``_total``
+for counters, base units: bytes and seconds).  The Grafana dashboard in
+``neuralcache/grafana/dashboard.json`` queries only names listed in ``EXPORTED``
+(a test checks this).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+# Read latency buckets: from a page-cache-speed hit (100 us) to a retried WAN fetch.
+READ_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.075, 0.1,
+                0.15, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Backend buckets: around the 60 ms round trip, up to the 5 s read timeout and beyond.
+BACKEND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+
+# counter name -> (stats key, help)
+COUNTERS = {
+    "neuralcache_served_bytes_total": ("bytes_served", "Bytes returned to readers"),
+    "neuralcache_fetched_bytes_total": ("bytes_fetched", "Bytes downloaded from the remote"),
+    "neuralcache_reads_total": ("reads", "Read requests served"),
+    "neuralcache_read_errors_total": ("read_errors", "Read requests that failed"),
+    "neuralcache_opens_total": ("opens", "Files opened"),
+    "neuralcache_readahead_fetched_bytes_total": ("readahead_bytes_fetched",
+                                                  "Bytes fetched by in-file read-ahead"),
+    "neuralcache_readahead_used_bytes_total": ("readahead_bytes_used",
+                                               "Read-ahead bytes later read"),
+    "neuralcache_prefetch_fetched_bytes_total": ("prefetch_bytes_fetched",
+                                                 "Bytes fetched by cross-file prefetch"),
+    "neuralcache_prefetch_used_bytes_total": ("prefetch_bytes_used",
+                                              "Prefetched bytes later read"),
+    "neuralcache_backend_requests_total": ("backend_requests", "Remote requests"),
+    "neuralcache_backend_errors_total": ("backend_errors",
+                                         "Remote requests failed after retries"),
+    "neuralcache_backend_retries_total": ("backend_retries", "Remote attempts retried"),
+    "neuralcache_corrupt_blocks_total": ("corrupt_blocks_dropped",
+                                         "Disk blocks that failed their checksum"),
+    "neuralcache_hit_bytes_total": ("demand_hit_bytes",
+                                    "Bytes served without waiting for the remote"),
+}
+GAUGES = {
+    "neuralcache_cache_bytes": "Bytes held by a cache tier",
+    "neuralcache_cache_limit_bytes": "Configured limit of a cache tier",
+    "neuralcache_cache_blocks": "Blocks held by the disk tier",
+    "neuralcache_open_handles": "Open file handles",
+    "neuralcache_dataset_files": "Files in the mounted namespace",
+    "neuralcache_disk_cache_writable": "1 while disk cache writes succeed",
+}
+TIERED = {"neuralcache_cache_hits_total": "Block lookups by readers that hit a tier",
+          "neuralcache_cache_misses_total": "Block lookups by readers that missed a tier"}
+HISTOGRAMS = ("neuralcache_read_duration_seconds", "neuralcache_backend_request_duration_seconds")
+
+
+def exported_names() -> set[str]:
+    """Every series name a scrape can contain (histograms with their suffixes)."""
+    names = set(COUNTERS) | set(GAUGES) | set(TIERED)
+    for h in HISTOGRAMS:
+        names |= {h + "_bucket", h + "_sum", h + "_count"}
+    return names
+
+
+class _Collector:
+    def __init__(self, snapshot: Callable[[], dict]):
+        self._snapshot = snapshot
+
+    def collect(self):
+        try:
+            s = self._snapshot()
+        except Exception:  # a scrape must never take anything down
+            log.exception("metrics snapshot failed")
+            return
+        for name, (key, help_text) in COUNTERS.items():
+            yield CounterMetricFamily(name[:-len("_total")], help_text, value=s.get(key, 0))
+        hits = CounterMetricFamily("neuralcache_cache_hits", TIERED["neuralcache_cache_hits_total"],
+                                   labels=["tier"])
+        hits.add_metric(["memory"], s["mem_hits"])
+        hits.add_metric(["disk"], s["disk_hits"])
+        yield hits
+        misses = CounterMetricFamily("neuralcache_cache_misses",
+                                     TIERED["neuralcache_cache_misses_total"], labels=["tier"])
+        misses.add_metric(["memory"], s["mem_misses"])
+        misses.add_metric(["disk"], s["disk_misses"])
+        yield misses
+        g = GaugeMetricFamily("neuralcache_cache_bytes", GAUGES["neuralcache_cache_bytes"],
+                              labels=["tier"])
+        g.add_metric(["memory"], s["cache_mem_bytes"])
+        g.add_metric(["disk"], s["cache_disk_bytes"])
+        yield g
+        g = GaugeMetricFamily("neuralcache_cache_limit_bytes",
+                              GAUGES["neuralcache_cache_limit_bytes"], labels=["tier"])
+        g.add_metric(["memory"], s["cache_mem_limit"])
+        g.add_metric(["disk"], s["cache_disk_limit"])
+        yield g
+        yield GaugeMetricFamily("neuralcache_cache_blocks", GAUGES["neuralcache_cache_blocks"],
+                                value=s["cache_disk_blocks"])
+        yield GaugeMetricFamily("neuralcache_open_handles", GAUGES["neuralcache_open_handles"],
+                                value=s.get("open_handles", 0))
+        yield GaugeMetricFamily("neuralcache_dataset_files", GAUGES["neuralcache_dataset_files"],
+                                value=s.get("files", 0))
+        yield GaugeMetricFamily("neuralcache_disk_cache_writable",
+                                GAUGES["neuralcache_disk_cache_writable"],
+                                value=1 if s.get("disk_cache_writable", True) else 0)
+
+
+class Metrics:
+    """Histograms fed by the read path, and the HTTP endpoint."""
+
+    def __init__(self, snapshot: Callable[[], dict]):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.read_seconds = Histogram("neuralcache_read_duration_seconds",
+                                      "Read request latency as the reader sees it",
+                                      buckets=READ_BUCKETS, registry=self.registry)
+        self.backend_seconds = Histogram("neuralcache_backend_request_duration_seconds",
+                                         "Remote request latency (successful requests)",
+                                         buckets=BACKEND_BUCKETS, registry=self.registry)
+        self.registry.register(_Collector(snapshot))
+        self.server = None
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        self.server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        log.info("Prometheus metrics on http://%s:%d/metrics", addr, port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
