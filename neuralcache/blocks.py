@@ -41,6 +41,12 @@ DEFAULT_RESERVED_FOR_DEMAND = 4
 # A demand read gives up (EIO) after this long; the backend retries inside it (5
 # attempts, each bounded by the S3 read timeout of 5 s, plus ~3 s of backoff).
 DEMAND_DEADLINE_S = 30.0
+# Hedging of slow demand reads: a second request starts after HEDGE_FACTOR x the p90
+# of recent fetch latencies, within [HEDGE_MIN_S, HEDGE_MAX_S] (the classic "tail at
+# scale" hedge at ~p95 costs a few % more requests).  Before 20 samples, HEDGE_MAX_S.
+HEDGE_FACTOR = 3.0
+HEDGE_MIN_S = 0.5
+HEDGE_MAX_S = 4.0
 # Pending background disk writes; past this, fetched blocks are served but not cached
 # (disk slower than the link), which costs a refetch later, never a reader's time.
 DISK_WRITE_QUEUE = 64
@@ -75,12 +81,14 @@ class BlockStore:
     def __init__(self, backend, mem: MemoryTier, disk: DiskTier | None, stats: Stats, *,
                  block_size: int = DEFAULT_BLOCK_SIZE,
                  concurrency: int = DEFAULT_CONCURRENCY,
-                 reserved: int = DEFAULT_RESERVED_FOR_DEMAND):
+                 reserved: int = DEFAULT_RESERVED_FOR_DEMAND,
+                 hedge_max_s: float = HEDGE_MAX_S):
         self.backend = backend
         self.mem = mem
         self.disk = disk
         self.stats = stats
         self.block_size = block_size
+        self.hedge_max_s = hedge_max_s
         self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1))
         self._backend_threads = trio.CapacityLimiter(concurrency)
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
@@ -257,9 +265,7 @@ class BlockStore:
         await self.limiter.acquire(flight.ticket)
         t0 = time.monotonic()
         try:
-            data = await trio.to_thread.run_sync(
-                self.backend.read, obj.key, off, length, obj.version,
-                limiter=self._backend_threads, abandon_on_cancel=True)
+            data = await self._fetch(obj, off, length, flight)
         except BackendError:
             st.record_backend(time.monotonic() - t0, 0, ok=False)
             raise
@@ -286,6 +292,50 @@ class BlockStore:
             except trio.WouldBlock:
                 log.debug("disk write queue full; %s block %d not cached", bk.key, bk.index)
         return data
+
+    async def _fetch(self, obj: Pinned, off: int, length: int, flight: _Flight) -> bytes:
+        """One ranged read; a demand read that takes much longer than usual is hedged:
+        a second identical request starts and the first answer wins (the loser's
+        thread is abandoned; its result is dropped)."""
+        def read():
+            return self.backend.read(obj.key, off, length, obj.version)
+
+        if not flight.joined:
+            return await trio.to_thread.run_sync(read, limiter=self._backend_threads,
+                                                 abandon_on_cancel=True)
+        send, recv = trio.open_memory_channel(2)
+
+        async def attempt():
+            try:
+                res = ("ok", await trio.to_thread.run_sync(read, abandon_on_cancel=True))
+            except BackendError as exc:
+                res = ("err", exc)
+            send.send_nowait(res)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(attempt)
+            outcome = None
+            with trio.move_on_after(self.hedge_delay()):
+                outcome = await recv.receive()
+            if outcome is None:
+                self.stats.hedged_requests += 1
+                log.info("hedging a slow read of %s @%d", obj.key, off)
+                n.start_soon(attempt)
+                outcome = await recv.receive()
+                if outcome[0] == "err":   # one failed: the other may still succeed
+                    outcome2 = await recv.receive()
+                    if outcome2[0] == "ok":
+                        outcome = outcome2
+            n.cancel_scope.cancel()
+        if outcome[0] == "err":
+            raise outcome[1]
+        return outcome[1]
+
+    def hedge_delay(self) -> float:
+        lat = sorted(self.stats.latencies)
+        p90 = lat[int(len(lat) * 0.9)] if len(lat) >= 20 else self.hedge_max_s
+        return min(self.hedge_max_s, max(min(HEDGE_MIN_S, self.hedge_max_s),
+                                         HEDGE_FACTOR * p90))
 
     def latency_estimate(self) -> float:
         """Median backend latency of recent block fetches (seconds), for Little's law."""

@@ -40,6 +40,7 @@ class Stats:
     backend_requests: int = 0
     backend_errors: int = 0
     singleflight_joins: int = 0
+    hedged_requests: int = 0
     latencies: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
     # Optional histograms (metrics.py), fed when the metrics endpoint is on.
@@ -90,6 +91,7 @@ class Stats:
             "backend_retries": backend_retries,
             "backend_latency_ms": self.latency_ms(),
             "singleflight_joins": self.singleflight_joins,
+            "hedged_requests": self.hedged_requests,
             "demand_hit_bytes": self.demand_hit_bytes,
             "cache_disk_bytes": cache_disk_bytes,
             "cache_disk_blocks": cache_disk_blocks,

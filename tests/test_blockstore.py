@@ -167,3 +167,52 @@ def test_missing_object_error_reaches_reader_only(tmp_path):
         except NotFound:
             return "notfound"
     assert run_with_store(store, fn) == "notfound"
+
+
+class StallFirstBackend(CountingBackend):
+    """The first read stalls (a hung connection); later ones answer at once."""
+
+    def read(self, key, offset, length, version):
+        with self._lock:
+            first = not self.calls
+            self.calls.append((key, offset, length))
+        if first:
+            time.sleep(3.0)
+        return PosixBackend.read(self, key, offset, length, version)
+
+
+def test_stalled_demand_read_is_hedged(tmp_path):
+    data = payload(14, BS)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    be = StallFirstBackend(str(tmp_path / "src"), 0)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.2)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        t0 = time.monotonic()
+        got = await store.read(obj, 0, BS)
+        return got, time.monotonic() - t0
+    got, elapsed = run_with_store(store, fn)
+    assert got == data
+    assert elapsed < 2.0, elapsed
+    assert store.stats.hedged_requests == 1 and len(be.calls) == 2
+
+
+def test_speculative_reads_are_not_hedged(tmp_path):
+    data = payload(15, BS)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    be = CountingBackend(str(tmp_path / "src"), 0.5)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.1)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        store.prefetch(obj, 0, lim.PREFETCH)
+        await trio.sleep(1.0)
+    run_with_store(store, fn)
+    assert store.stats.hedged_requests == 0 and len(be.calls) == 1
