@@ -24,7 +24,7 @@ from typing import Callable
 from bench import datasets
 from bench.seaweed import SeaweedServer
 from bench.systems import (ALL_SYSTEMS, MountOptions, Mounted, SystemEnv, SystemUnavailable,
-                           drop_page_cache, make_system)
+                           code_revision, drop_page_cache, make_system)
 from bench.wan import WanProxyProcess
 
 BUCKET = "bench"
@@ -217,7 +217,8 @@ def run(args) -> int:
     meta = {"argv": sys.argv, "command": "python -m bench " + " ".join(sys.argv[1:]),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
             "cpus": os.cpu_count(), "rtt_ms": args.rtt_ms, "mbit": args.mbit,
-            "quick": args.quick, "seed": args.seed, "scenarios": names, "systems": systems}
+            "quick": args.quick, "seed": args.seed, "scenarios": names, "systems": systems,
+            "code_at_start": code_revision()}
     try:
         with contextlib.ExitStack() as stack:
             sw_dir = work / "seaweed"

@@ -367,6 +367,24 @@ class S3fsSystem(System):
                 subprocess.run(["umount", str(cache)], capture_output=True)
 
 
+def code_revision(path: Path | None = None) -> str | None:
+    """``git describe``-like id of the checkout at ``path`` (+ "-dirty"), None outside git.
+
+    NeuralCache is usually an editable install of this checkout, so the daemon a mount
+    starts runs whatever the working tree holds at that moment: record it per mount.
+    """
+    path = path or Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(path), "status", "--porcelain",
+                                "--untracked-files=no", "--", "neuralcache", "predictors"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("-dirty" if dirty else "")) or None
+
+
 def neuralcache_binary() -> str | None:
     cand = Path(sys.executable).parent / "neuralcache"
     if cand.exists():
@@ -440,7 +458,7 @@ class NeuralCacheSystem(System):
             _wait_mounted(mnt, None, log, timeout=10)
             yield Mounted(self.name, mnt, remote=True, stats_fn=lambda: self._stats(mnt),
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
-                                "fuse_dev": _fuse_dev(mnt)})
+                                "fuse_dev": _fuse_dev(mnt), "code": code_revision()})
         finally:
             subprocess.run([exe, "umount", str(mnt)], env=self._env(), capture_output=True,
                            timeout=60)
