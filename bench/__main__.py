@@ -19,6 +19,12 @@ def main(argv: list[str] | None = None) -> int:
                         "rclone,s3fs (default all)")
     r.add_argument("--rtt-ms", type=float, default=60.0, help="round trip time (default 60)")
     r.add_argument("--mbit", type=float, default=None, help="bandwidth cap per direction")
+    r.add_argument("--jitter-ms", type=float, default=0.0, help="link jitter (+- ms one way)")
+    r.add_argument("--reset-rate", type=float, default=0.0,
+                   help="link faults: probability of a connection reset per request")
+    r.add_argument("--stall-rate", type=float, default=0.0,
+                   help="link faults: probability of a stalled response per request")
+    r.add_argument("--stall-s", type=float, default=1.0, help="stall length (s)")
     r.add_argument("--quick", action="store_true", help="small datasets (< 3 min in total)")
     r.add_argument("--out", default="bench/out", help="results dir (default bench/out)")
     r.add_argument("--work-dir", default=None, help="scratch dir (default OUT/work)")

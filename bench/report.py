@@ -47,7 +47,11 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
     out = [f"# python -m bench {' '.join(meta.get('argv', [])[1:])}",
            f"# RTT {meta.get('rtt_ms')} ms, bandwidth "
            f"{str(meta.get('mbit')) + ' Mbit/s' if meta.get('mbit') else 'unlimited'}, "
-           f"{'quick' if meta.get('quick') else 'full'}, {meta.get('cpus')} cpus",
+           f"{'quick' if meta.get('quick') else 'full'}, {meta.get('cpus')} cpus"
+           + (f", jitter {meta['jitter_ms']} ms" if meta.get("jitter_ms") else "")
+           + (f", resets {meta['reset_rate']}/request" if meta.get("reset_rate") else "")
+           + (f", stalls {meta['stall_rate']}/request x {meta.get('stall_s')} s"
+              if meta.get("stall_rate") else ""),
            head, "-" * len(head)]
     for r in rows:
         if "error" in r:

@@ -217,6 +217,8 @@ def run(args) -> int:
     meta = {"argv": sys.argv, "command": "python -m bench " + " ".join(sys.argv[1:]),
             "started": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
             "cpus": os.cpu_count(), "rtt_ms": args.rtt_ms, "mbit": args.mbit,
+            "jitter_ms": args.jitter_ms, "reset_rate": args.reset_rate,
+            "stall_rate": args.stall_rate, "stall_s": args.stall_s,
             "quick": args.quick, "seed": args.seed, "scenarios": names, "systems": systems,
             "code_at_start": code_revision()}
     try:
@@ -234,6 +236,8 @@ def run(args) -> int:
             host, port = sw.endpoint.rsplit("//", 1)[1].split(":")
             proxy = stack.enter_context(WanProxyProcess(
                 f"{host}:{port}", rtt_ms=args.rtt_ms, mbit=args.mbit, seed=args.seed,
+                jitter_ms=args.jitter_ms, reset_rate=args.reset_rate,
+                stall_rate=args.stall_rate, stall_s=args.stall_s,
                 log_path=str(out / "wan.log")))
             _log(f"WAN proxy {proxy.endpoint} -> {sw.endpoint}, RTT {args.rtt_ms} ms"
                  + (f", {args.mbit} Mbit/s" if args.mbit else ""))
