@@ -126,15 +126,16 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
                 vals = []
                 for sy in systems:
                     m = [r for r in rs if r["system"] == sy and r["phase"] == ph]
-                    vals.append(m[0]["mbps"] if m else 0)
+                    vals.append(m[0]["value"] if m else 0)
                 ax.bar([j + i * width for j in range(len(systems))], vals, width, label=ph)
             link = [r for r in rs if r["system"] == "link"]
+            unit = rs[0]["unit"]
             if link:
-                ax.axhline(link[0]["mbps"], color="k", ls="--", lw=1,
-                           label=f"link ceiling {link[0]['mbps']:.0f} MB/s")
+                ax.axhline(link[0]["value"], color="k", ls="--", lw=1,
+                           label=f"link ceiling {link[0]['value']:.0f} {link[0]['unit']}")
             ax.set_xticks([j + width * (len(phases) - 1) / 2 for j in range(len(systems))])
             ax.set_xticklabels(systems, rotation=15)
-            ax.set_ylabel("MB/s")
+            ax.set_ylabel(unit)
             ax.set_yscale("log")
             ax.set_title(f"{s}: throughput per system")
             ax.legend(fontsize=8)
