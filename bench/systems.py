@@ -205,6 +205,12 @@ def _stop(proc: subprocess.Popen | None) -> None:
             continue
 
 
+def _wipe(cache: Path) -> None:
+    """Empty a cache dir after its mount is gone (the disk is shared; caches are GBs)."""
+    if not _is_mount(cache):
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 def _fresh_dir(path: Path) -> Path:
     if _is_mount(path):
         unmount(path)
@@ -307,6 +313,7 @@ class RcloneSystem(System):
         finally:
             unmount(mnt)
             _stop(proc)
+            _wipe(cache)
 
 
 class S3fsSystem(System):
@@ -365,6 +372,7 @@ class S3fsSystem(System):
             _stop(proc)
             if limit is not None:
                 subprocess.run(["umount", str(cache)], capture_output=True)
+            _wipe(cache)
 
 
 def code_revision(path: Path | None = None) -> str | None:
@@ -463,6 +471,7 @@ class NeuralCacheSystem(System):
             subprocess.run([exe, "umount", str(mnt)], env=self._env(), capture_output=True,
                            timeout=60)
             unmount(mnt)
+            _wipe(cache)
 
 
 def make_system(name: str, env: SystemEnv) -> System:
