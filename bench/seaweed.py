@@ -139,17 +139,18 @@ class SeaweedServer:
                 time.sleep(0.5)
         raise RuntimeError(f"SeaweedFS not ready after {READY_TIMEOUT_S}s: {last}")
 
-    def stop(self) -> None:
-        """Stop the server and wait for it to exit (so its ports can be reused)."""
+    def stop(self, grace: float = STOP_GRACE_S) -> None:
+        """Stop the server and wait for it to exit (so its ports can be reused).
+        ``grace=0`` kills at once (throwaway servers whose data is not reused)."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(self.proc.pid, signal.SIGTERM if grace > 0 else signal.SIGKILL)
             except ProcessLookupError:
                 pass
             try:
-                self.proc.wait(timeout=STOP_GRACE_S)
+                self.proc.wait(timeout=max(grace, 0.1))
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)

@@ -47,9 +47,13 @@ DEMAND_DEADLINE_S = 30.0
 HEDGE_FACTOR = 3.0
 HEDGE_MIN_S = 0.5
 HEDGE_MAX_S = 4.0
-# Pending background disk writes; past this, fetched blocks are served but not cached
-# (disk slower than the link), which costs a refetch later, never a reader's time.
-DISK_WRITE_QUEUE = 64
+# Pending background disk writes, in bytes: a quarter of the memory tier (the queue
+# holds blocks beyond the memory bound), at least two blocks, at most 64 MiB.  Past
+# it, fetched blocks are served but not written (the disk is slower than the link),
+# which costs a refetch later, never a reader's time.  Measured: an entry-bounded
+# queue of 64 blocks held ~100 MB beyond a 16 MiB memory tier under 16 random readers.
+DISK_WRITE_QUEUE_MAX = 64 << 20
+DISK_WRITE_QUEUE_ENTRIES = 1024
 # Disk-tier worker threads (reads and writes).
 DISK_THREADS = 8
 # Speculatively fetched blocks remembered, to count whether they were used.
@@ -97,7 +101,9 @@ class BlockStore:
         self._speculative = lru.LRU(SPECULATIVE_MEMORY, callback=self._spec_dropped)
         self.spec_unread = 0      # bytes in _speculative
         self.spec_inflight = 0    # bytes of speculative loads in flight
-        self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE)
+        self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE_ENTRIES)
+        self.write_queue_limit = max(2 * block_size, min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
+        self.write_queue_bytes = 0
         self._nursery: trio.Nursery | None = None
 
     # -- lifecycle -------------------------------------------------------------------
@@ -117,6 +123,8 @@ class BlockStore:
                                               limiter=self._disk_threads)
             except Exception:  # a cache failure is never a reader's failure
                 log.exception("disk cache write failed")
+            finally:
+                self.write_queue_bytes -= len(data)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
@@ -287,10 +295,14 @@ class BlockStore:
                 st.prefetch_bytes_used += len(data)
         self.mem.put(bk, data)
         if self.disk is not None:
-            try:
-                self._send.send_nowait((bk, data))
-            except trio.WouldBlock:
-                log.debug("disk write queue full; %s block %d not cached", bk.key, bk.index)
+            if self.write_queue_bytes + len(data) > self.write_queue_limit:
+                self.stats.disk_writes_skipped += 1
+            else:
+                try:
+                    self._send.send_nowait((bk, data))
+                    self.write_queue_bytes += len(data)
+                except trio.WouldBlock:
+                    self.stats.disk_writes_skipped += 1
         return data
 
     async def _fetch(self, obj: Pinned, off: int, length: int, flight: _Flight) -> bytes:

@@ -26,6 +26,7 @@ import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,6 +43,10 @@ _MEM_MAX_ENTRIES = 1 << 20
 # victim when an eviction ranking is set (epoch-aware eviction): a small window keeps
 # eviction O(1) while letting "consumed this epoch" blocks go first.
 EVICT_SCAN = 64
+# After a failed write (disk full, read-only, I/O error) the disk tier serves reads
+# but stops writing for this long before trying again, so a full disk costs one
+# warning and one failed write per interval instead of one per block.
+WRITE_RETRY_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +81,10 @@ class MemoryTier:
         self._lru[bk] = data
         self.used += len(data)
         while self.used > self.limit and len(self._lru):
-            _, victim = self._lru.popitem(least_recent=True)
+            # Not popitem(): lru-dict 1.4.1 leaks the tuple it returns, and with it
+            # the block (measured: +301 MB for 300 evictions of 1 MiB blocks).
+            victim_key, victim = self._lru.peek_last_item()
+            del self._lru[victim_key]
             self.used -= len(victim)
 
     def drop(self, bk: BlockKey) -> None:
@@ -91,8 +99,9 @@ class MemoryTier:
 class DiskTier:
     """Block files under ``root/blocks``; thread-safe (a lock guards the index)."""
 
-    def __init__(self, root: str, limit_bytes: int):
+    def __init__(self, root: str, limit_bytes: int, write_retry_s: float = WRITE_RETRY_S):
         self.root = os.path.join(root, "blocks")
+        self.write_retry_s = write_retry_s
         self.limit = limit_bytes
         self.used = 0
         self._index: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -105,6 +114,7 @@ class DiskTier:
         self.evict_rank: Callable[[str], float] | None = None
         self.corrupt_blocks = 0
         self.write_errors = 0
+        self._retry_at = 0.0
 
     # -- start-up ---------------------------------------------------------------
     def load(self) -> int:
@@ -192,6 +202,8 @@ class DiskTier:
         """Store a block; False (and a log line) if it could not be stored."""
         if len(data) > self.limit:
             return False
+        if not self.writable and time.monotonic() < self._retry_at:
+            return False
         name = bk.name()
         with self._lock:
             if name in self._index:
@@ -213,15 +225,14 @@ class DiskTier:
             os.replace(tmp, path)
         except OSError as exc:
             self.write_errors += 1
-            self.writable = False
-            kind = "enospc" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "write"
-            self._warn(kind, "disk cache write failed (%s); reading through without "
-                       "caching until writes succeed again", exc)
+            self._retry_at = time.monotonic() + self.write_retry_s
+            if self.writable:
+                self.writable = False
+                log.warning("disk cache write failed (%s); reading through without "
+                            "caching, retrying every %.0f s", exc, self.write_retry_s)
             return False
         if not self.writable:
-            log.warning("disk cache writes succeed again")
-            self._warned.discard("enospc")
-            self._warned.discard("write")
+            log.warning("disk cache writes succeed again; caching resumed")
         self.writable = True
         with self._lock:
             if name not in self._index:
@@ -258,6 +269,27 @@ class DiskTier:
                 self._owner.pop(name, None)
                 self.used -= size
             _unlink(self._path(name))
+
+    def verify_all(self) -> tuple[int, int]:
+        """Check every indexed block's checksum, dropping bad ones: (good, bad)."""
+        good = bad = 0
+        for name in list(self._index):
+            path = self._path(name)
+            try:
+                with open(path, "rb") as f:
+                    raw = f.read()
+                magic, _, length, digest, _ = _HEADER.unpack_from(raw)
+                data = raw[_HEADER.size:]
+                ok = magic == _MAGIC and length == len(data) and \
+                    xxhash.xxh3_64_intdigest(data) == digest
+            except (OSError, struct.error):
+                ok = False
+            if ok:
+                good += 1
+            else:
+                bad += 1
+                self._corrupt(name, path, "verify")
+        return good, bad
 
     def drop(self, bk: BlockKey) -> None:
         name = bk.name()

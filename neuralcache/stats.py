@@ -41,6 +41,7 @@ class Stats:
     backend_errors: int = 0
     singleflight_joins: int = 0
     hedged_requests: int = 0
+    disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
     latencies: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
     # Optional histograms (metrics.py), fed when the metrics endpoint is on.
@@ -92,6 +93,7 @@ class Stats:
             "backend_latency_ms": self.latency_ms(),
             "singleflight_joins": self.singleflight_joins,
             "hedged_requests": self.hedged_requests,
+            "disk_writes_skipped": self.disk_writes_skipped,
             "demand_hit_bytes": self.demand_hit_bytes,
             "cache_disk_bytes": cache_disk_bytes,
             "cache_disk_blocks": cache_disk_blocks,

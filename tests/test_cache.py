@@ -103,7 +103,7 @@ def test_epoch_aware_eviction_hook(tmp_path):
 
 
 def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
-    d = DiskTier(str(tmp_path), 1 << 20)
+    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=0.3)
     d.load()
     os.chmod(tmp_path / "blocks", 0o500)
     try:
@@ -116,6 +116,8 @@ def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
         os.chmod(tmp_path / "blocks", 0o700)
     assert ok is False and d.writable is False
     assert "disk cache write failed" in caplog.text
+    assert d.put(BlockKey("y", "v", 1), b"abc") is False  # resting before a retry
+    time.sleep(0.35)                                       # the retry interval passed
     assert d.put(BlockKey("y", "v", 1), b"abc") is True   # recovers when writes work
     assert d.writable is True
 
@@ -132,3 +134,18 @@ def test_reload_100k_blocks_within_seconds(tmp_path):
     assert n == 100_000
     assert elapsed < 5.0, f"index reload took {elapsed:.1f} s"
     assert d2.get(BlockKey("f5", "v", 7)) == b"x" * 16
+
+
+def test_memory_tier_eviction_frees_blocks():
+    """lru-dict's popitem() leaks what it returns; evictions must not keep blocks."""
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            return int(f.read().split("VmRSS:")[1].split()[0]) // 1024
+
+    m = MemoryTier(4 << 20)
+    seed = os.urandom(1 << 20)
+    before = rss_mb()
+    for i in range(200):
+        m.put(BlockKey("k", "v", i), bytes(bytearray(seed)))   # resident, distinct
+    assert m.used <= 4 << 20
+    assert rss_mb() - before < 60

@@ -1,0 +1,281 @@
+"""Reliability: link faults, remote outage, kill -9, disk full, security defaults, bad
+input and a short soak.  The long forms (2 GiB of verified reads, 10-minute soak) are
+in bench/ (python -m bench.soak)."""
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.seaweed import SeaweedServer
+from bench.wan import WanProxy
+from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
+                      run_cli, upload_tree)
+from neuralcache.cache import DiskTier
+
+pytestmark = [needs_fuse, pytest.mark.e2e]
+MB = 1 << 20
+SOAK_EXTRA = os.environ.get("NC_SOAK_EXTRA", "").split()
+
+
+def stats(mp) -> dict:
+    return json.loads((Path(mp) / ".neuralcache" / "stats.json").read_text())
+
+
+def drop_page_cache() -> None:
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass
+
+
+def random_reads(mp, files: dict, n_threads: int, seconds: float, max_len: int, seed: int):
+    """Random preads from n_threads; returns (verified bytes, eio count, wrong, slowest)."""
+    keys = sorted(files)
+    out = {"bytes": 0, "eio": 0, "wrong": [], "slowest": 0.0, "other": []}
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def worker(i):
+        rnd = random.Random(seed * 100 + i)
+        while time.monotonic() < deadline:
+            k = rnd.choice(keys)
+            src = files[k]
+            off = rnd.randrange(0, max(1, len(src)))
+            ln = rnd.randrange(1, max_len)
+            t0 = time.monotonic()
+            try:
+                fd = os.open(Path(mp) / k, os.O_RDONLY)
+                try:
+                    got = os.pread(fd, ln, off)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                with lock:
+                    if e.errno == errno.EIO:
+                        out["eio"] += 1
+                    else:
+                        out["other"].append(repr(e))
+                continue
+            finally:
+                with lock:
+                    out["slowest"] = max(out["slowest"], time.monotonic() - t0)
+            with lock:
+                if got != src[off:off + ln]:
+                    out["wrong"].append((k, off, ln))
+                else:
+                    out["bytes"] += len(got)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+@pytest.fixture(scope="module")
+def files():
+    return {f"f/{i:02d}.bin": payload(900 + i, 3 * MB + i * 1000) for i in range(16)}
+
+
+@pytest.fixture(scope="module")
+def fault_bucket(s3, files):
+    b = new_bucket(s3)
+    upload_tree(s3, b, files)
+    return b
+
+
+@pytest.mark.parametrize("resets,stalls", [(0.05, 0.0), (0.0, 0.05), (0.1, 0.1)])
+def test_link_faults_exact_bytes_or_eio(seaweed, fault_bucket, files, tmp_path, resets, stalls):
+    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=10, reset_rate=resets,
+                  stall_rate=stalls, stall_s=20.0, seed=7) as proxy:
+        with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                     cache_dir=tmp_path / "c",
+                     args=["--endpoint-url", proxy.endpoint, "--block-size", "256K",
+                           "--memory-cache-size", "4M", "--cache-size", "4M"]) as mp:
+            res = random_reads(mp, files, 8, 12.0, 512 << 10, seed=int(resets * 100 + stalls))
+            s = stats(mp)
+        pstats = proxy.stats()
+    assert res["wrong"] == [] and res["other"] == []
+    assert res["bytes"] > 20 * MB
+    assert res["slowest"] < 35.0              # the documented demand deadline (30 s) + slack
+    faults = pstats.get("resets", 0) + pstats.get("stalls", 0)
+    assert faults > 0, pstats                 # the faults really happened
+    assert s["backend_retries"] + s["hedged_requests"] > 0
+
+
+def test_remote_outage_then_recovery(tmp_path, files):
+    sw = SeaweedServer(tmp_path / "sw")
+    sw.start()
+    try:
+        s3 = sw.client()
+        b = new_bucket(s3)
+        upload_tree(s3, b, {k: files[k] for k in ("f/00.bin", "f/01.bin")})
+        with mounted(f"s3://{b}", tmp_path / "mnt", env=cli_env(sw), cache_dir=tmp_path / "c",
+                     args=["--endpoint-url", sw.endpoint]) as mp:
+            assert (mp / "f/00.bin").read_bytes() == files["f/00.bin"]
+            time.sleep(0.5)
+            sw.stop()
+            drop_page_cache()
+            # cached data stays readable
+            assert digest((mp / "f/00.bin").read_bytes()) == digest(files["f/00.bin"])
+            # uncached data fails fast with EIO instead of hanging
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as e:
+                (mp / "f/01.bin").read_bytes()
+            assert e.value.errno == errno.EIO
+            assert time.monotonic() - t0 < 15
+            sw.start()
+            # and service resumes by itself
+            assert digest((mp / "f/01.bin").read_bytes()) == digest(files["f/01.bin"])
+    finally:
+        sw.stop()
+
+
+def test_kill9_during_reads_leaves_a_valid_cache(seaweed, fault_bucket, files, tmp_path):
+    env = cli_env(seaweed)
+    args = ["--endpoint-url", seaweed.endpoint, "--block-size", "512K"]
+    with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "c",
+                 args=args) as mp:
+        pid = stats(mp)["pid"]
+        readers = threading.Thread(target=random_reads, args=(mp, files, 8, 3.0, MB, 3))
+        readers.start()
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
+        readers.join()
+        r = run_cli("umount", mp, env=env)
+        assert r.returncode == 0, r.stderr
+    sub = next(p for p in (tmp_path / "c").iterdir() if p.is_dir())
+    disk = DiskTier(str(sub), 1 << 40)
+    assert disk.load() > 0
+    assert not list(sub.rglob("*.tmp"))        # partial downloads discarded
+    good, bad = disk.verify_all()
+    assert bad == 0 and good > 0
+    t0 = time.monotonic()
+    with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "c",
+                 args=args) as mp:
+        serving = time.monotonic() - t0
+        got = {k: (mp / k).read_bytes() for k in files}
+    assert all(digest(got[k]) == digest(files[k]) for k in files)
+    assert serving < 15, serving
+
+
+def test_disk_full_reads_pass_through_and_recover(seaweed, fault_bucket, files, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    cache = tmp_path / "tmpfs"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(cache)], check=True)
+    try:
+        with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                     cache_dir=cache, args=["--endpoint-url", seaweed.endpoint,
+                                            "--cache-size", "1G", "--block-size", "1M"]) as mp:
+            keys = sorted(files)
+            for k in keys[:4]:
+                assert digest((mp / k).read_bytes()) == digest(files[k])
+            time.sleep(0.5)
+            assert stats(mp)["disk_cache_writable"] is False
+            log = (cache / "neuralcache.log").read_text()
+            assert log.count("disk cache write failed") == 1     # one warning, not a flood
+            subprocess.run(["mount", "-o", "remount,size=256M", str(cache)], check=True)
+            time.sleep(5.5)                   # the disk tier retries writes every 5 s
+            for k in keys[4:8]:
+                assert digest((mp / k).read_bytes()) == digest(files[k])
+            time.sleep(0.5)
+            s = stats(mp)
+            assert s["disk_cache_writable"] is True and s["cache_disk_blocks"] > 0
+    finally:
+        subprocess.run(["umount", "-l", str(cache)])
+
+
+def test_security_defaults(seaweed, fault_bucket, tmp_path):
+    env = cli_env(seaweed)
+    secret = env["AWS_SECRET_ACCESS_KEY"]
+    with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "c",
+                 args=["--endpoint-url", seaweed.endpoint, "--debug"]) as mp:
+        (mp / "f/00.bin").read_bytes()
+        with open("/proc/self/mountinfo") as f:
+            line = next(ln for ln in f if ln.split()[4] == str(mp))
+        assert "allow_other" not in line
+        assert oct(os.stat(tmp_path / "c").st_mode & 0o777) == "0o700"
+        sub = next(p for p in (tmp_path / "c").iterdir() if p.is_dir())
+        assert oct(os.stat(sub).st_mode & 0o777) == "0o700"
+        ctl = mp / ".neuralcache"
+        assert oct(os.stat(ctl).st_mode & 0o777) == "0o500"
+        assert oct(os.stat(ctl / "hints").st_mode & 0o777) == "0o600"
+        assert oct(os.stat(ctl / "trace").st_mode & 0o777) == "0o400"
+        texts = [(ctl / "stats.json").read_text(), (ctl / "trace").read_text()]
+    texts.append((tmp_path / "c" / "neuralcache.log").read_text())
+    for t in texts:
+        assert secret not in t and "Signature=" not in t and "X-Amz-Signature" not in t
+
+
+def test_bad_hints_change_nothing(seaweed, fault_bucket, tmp_path):
+    with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                 cache_dir=tmp_path / "c", args=["--endpoint-url", seaweed.endpoint]) as mp:
+        hints = mp / ".neuralcache" / "hints"
+        hints.write_text("f/00.bin\nf/01.bin\n")
+        for bad in (b"f/00.bin\n\xff\xfe\n", b"../../etc/passwd\n", b"f/00.bin\x00x\n",
+                    b"f\n", b"/etc/passwd\n"):
+            with pytest.raises(OSError) as e:
+                with open(hints, "wb") as f:
+                    f.write(bad)
+            assert e.value.errno == errno.EINVAL, bad
+            assert stats(mp)["hints"] == 2
+        with pytest.raises(OSError) as e:
+            with open(hints, "wb") as f:
+                f.write(b"x" * (65 << 20))
+        assert e.value.errno in (errno.EFBIG, errno.EINVAL)
+        assert stats(mp)["hints"] == 2
+        assert (mp / "f/00.bin").read_bytes()[:10]          # the mount still serves
+
+
+def test_unusual_names(seaweed, s3, tmp_path):
+    b = new_bucket(s3)
+    odd = {"sp ace/ü ñ.bin": b"1", "émoji/😀.txt": b"22", "a/..b": b"3", "x/...": b"4",
+           "deep/" + "/".join(["d"] * 30) + "/f": b"5", "zero.bin": b""}
+    upload_tree(s3, b, odd)
+    for bad in ("a/../escape", "../up", "c/./d", "l/" + "n" * 300):
+        try:
+            s3.put_object(Bucket=b, Key=bad, Body=b"bad")
+        except Exception:  # the server may refuse such keys itself
+            pass
+    with mounted(f"s3://{b}", tmp_path / "mnt", env=cli_env(seaweed), cache_dir=tmp_path / "c",
+                 args=["--endpoint-url", seaweed.endpoint]) as mp:
+        for k, v in odd.items():
+            assert (mp / k).read_bytes() == v, k
+        seen = set()
+        for dirpath, dirs, fs in os.walk(mp):
+            for f in fs:
+                p = Path(dirpath) / f
+                assert str(p.resolve()).startswith(str(mp))       # nothing escapes the root
+                seen.add(str(p.relative_to(mp)))
+        assert set(odd) <= seen
+        assert not any(".." == part for s_ in seen for part in s_.split("/"))
+
+
+def test_short_soak_16_readers(seaweed, fault_bucket, files, tmp_path):
+    with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                 cache_dir=tmp_path / "c",
+                 args=["--endpoint-url", seaweed.endpoint, "--memory-cache-size", "16M", *SOAK_EXTRA,
+                       "--cache-size", "24M", "--block-size", "1M"]) as mp:
+        pid = stats(mp)["pid"]
+        res = random_reads(mp, files, 16, 15.0, 256 << 10, seed=11)
+        time.sleep(0.5)
+        s = stats(mp)
+        rss_kb = int(next(ln for ln in open(f"/proc/{pid}/status")
+                          if ln.startswith("VmHWM")).split()[1])
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    assert res["wrong"] == [] and res["eio"] == 0 and res["other"] == []
+    assert res["bytes"] > 50 * MB
+    assert s["open_handles"] == 0 and s["read_errors"] == 0
+    assert s["cache_mem_bytes"] <= 16 * MB and s["cache_disk_bytes"] <= 24 * MB
+    assert rss_kb < 400 * 1024, rss_kb                # peak RSS vs a 16 MiB memory cache
+    assert fds < 100, fds
