@@ -32,12 +32,13 @@ log = logging.getLogger(__name__)
 # keeps time-to-first-byte of a cold block low (8 MiB at 200 MB/s is 40 ms, less than
 # the 60 ms round trip it rides on).
 DEFAULT_BLOCK_SIZE = 8 << 20
-# Backend requests in flight.  Little's law: bytes in flight = throughput x latency;
-# 300 MB/s x 60 ms = 18 MB, i.e. 3 blocks of 8 MiB for one stream, but small files
-# (100 KB samples) need ~32 requests in flight for 50 MB/s; 32 covers both.
-DEFAULT_CONCURRENCY = 32
-# Slots only demand reads may use, so that speculative work never blocks a reader.
-DEFAULT_RESERVED_FOR_DEMAND = 4
+# Backend requests in flight.  Little's law: requests in flight = request rate x
+# latency.  Large objects: 300 MB/s x 60 ms = 18 MB, 3 blocks of 8 MiB.  Small files
+# are the hard case: 100 KB samples at 1,000 files/s x ~65 ms per GET = 65 in flight.
+DEFAULT_CONCURRENCY = 64
+# Slots only demand reads may use, so that speculative work never blocks a reader
+# (8 = one per DataLoader worker of a typical job).
+DEFAULT_RESERVED_FOR_DEMAND = 8
 # A demand read gives up (EIO) after this long; the backend retries inside it (5
 # attempts, each bounded by the S3 read timeout of 5 s, plus ~3 s of backoff).
 DEMAND_DEADLINE_S = 30.0

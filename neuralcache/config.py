@@ -117,7 +117,7 @@ OPTIONS: dict[str, tuple] = {
     "block_size": (lambda v: parse_size(v, "block size"),
                    "ranged GET and cache block size (default 8M)"),
     "concurrency": (_positive_int("concurrency"),
-                    "backend requests in flight (default 32)"),
+                    "backend requests in flight (default 64)"),
     "readahead": (_bool, "sequential read-ahead within files: on|off (default on)"),
     "readahead_size": (lambda v: parse_size(v, "read-ahead size"),
                        "largest read-ahead window per open file (default 64M)"),

@@ -43,6 +43,9 @@ PREFETCH_BUDGET_FRACTION = 0.5
 # requests several at a time (measured on a sequential dd from the memory tier:
 # see README "Performance").  Needs root; skipped with a debug line otherwise.
 KERNEL_READAHEAD_KB = 16384
+# Connections opened at mount (see S3Backend.warm_connections): enough for the first
+# burst of a job's loader workers.
+WARM_CONNECTIONS = 32
 # glibc malloc arenas (see _limit_malloc_arenas).
 MALLOC_ARENAS = 2
 MMAP_THRESHOLD = 64 << 10
@@ -178,6 +181,9 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     ns.apply_listing(objs)
     log.info("listed %d objects (%d bytes) in %.1f s; disk cache has %d blocks",
              ns.files, ns.total_bytes, time.monotonic() - t0, nblocks)
+    if hasattr(backend, "warm_connections"):
+        await trio.to_thread.run_sync(backend.warm_connections,
+                                      min(cfg.concurrency, WARM_CONNECTIONS))
     mem = MemoryTier(cfg.memory_cache_size)
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)

@@ -37,6 +37,9 @@ MAX_PREDICTIONS = 256
 MIN_PROB = 0.05
 # Re-plan after this many reads even without an open (long files, sequential tars).
 PUMP_EVERY_READS = 16
+# When a pump finds nothing to fetch (a warm epoch: everything is cached), the next
+# pumps are skipped, doubling up to this many events, until a read misses the cache.
+MAX_IDLE_SKIP = 64
 # Floor of prefetch bytes in flight: 16 files of ~100 KB or 2 blocks of 8 MiB.
 MIN_INFLIGHT_BYTES = 16 << 20
 SAFETY = 2.0
@@ -130,10 +133,16 @@ class Prefetcher:
         self._reads = 0
         self.hints_set = 0
         self.rate = Rate()
+        self._planned: set[str] = set()     # whole files already cached or scheduled
+        self._planned_epoch = None
+        self._skip = 0          # pumps to skip (backoff while there is nothing to do)
+        self._backoff = 0
+        self._misses_seen = 0
         self.predictor.set_catalog(ns.files_in_order())
 
     def refresh_catalog(self) -> None:
         self.predictor.set_catalog(self.ns.files_in_order())
+        self._planned.clear()
 
     # -- events ------------------------------------------------------------------
     def on_open(self, key: str, size: int, pid: int) -> None:
@@ -165,6 +174,7 @@ class Prefetcher:
         except ValueError as exc:
             raise UserError(f"hints refused: {exc}") from None
         self.hints_set = len(clean)
+        self._planned.clear()
         self._pump()
         return len(clean)
 
@@ -173,26 +183,50 @@ class Prefetcher:
         lat = self.store.latency_estimate()
         return max(MIN_INFLIGHT_BYTES, int(self.rate.rate * lat * SAFETY))
 
+    def _epoch(self):
+        tracker = getattr(getattr(self.predictor, "epochset", None), "tracker", None)
+        return getattr(tracker, "epoch", None)
+
     def _pump(self) -> None:
         if not self.enabled:
             return
+        misses = self.store.stats.disk_misses
+        if misses != self._misses_seen:      # a reader waited on the remote: plan now
+            self._misses_seen = misses
+            self._skip = self._backoff = 0
+        if self._skip > 0:
+            self._skip -= 1
+            return
+        inflight = self.store.speculative_inflight_bytes()
+        unread = self.store.speculative_unread_bytes()
+        target = self.inflight_target()
+        if inflight >= target or unread >= self.budget:
+            return      # budgets full: not even worth asking the predictor
+        epoch = self._epoch()
+        if epoch != self._planned_epoch:
+            self._planned.clear()    # a new epoch: files evicted since may be wanted again
+            self._planned_epoch = epoch
         try:
             preds = self.predictor.predict(MAX_PREDICTIONS)
         except Exception:
             log.exception("predictor failed; prefetch disabled")
             self.enabled = False
             return
-        inflight = self.store.speculative_inflight_bytes()
-        unread = self.store.speculative_unread_bytes()
-        target = self.inflight_target()
+        started = 0
         for p in preds:
-            if p.prob < MIN_PROB:
+            # Ordered predictors report their measured hit rate: cut the weak ones.  A
+            # shuffled epoch's unread members are all read this epoch (their prob is
+            # the chance of being read *soon*), so only the budgets bound them.
+            if p.prob < MIN_PROB and p.source != "epochset":
                 continue
             if inflight >= target or unread >= self.budget:
                 break
+            if p.offset == 0 and p.path in self._planned:
+                continue         # the whole file is already cached or on its way
             node = self.ns.by_path(p.path)
             if node is None or node.is_dir or node.removed:
                 continue
+            whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
             length = p.length if p.length > 0 else node.size
@@ -202,8 +236,17 @@ class Prefetcher:
                 if self.store.cached(pinned, i):
                     continue
                 if self.store.prefetch(pinned, i, lim.PREFETCH):
+                    started += 1
                     n = self.store.block_range(pinned, i)[1]
                     inflight += n
                     unread += n
                 if inflight >= target or unread >= self.budget:
                     break
+            else:
+                if whole:
+                    self._planned.add(p.path)   # every block cached or on its way
+        if started or not preds:
+            self._backoff = 0
+        else:
+            self._backoff = min(MAX_IDLE_SKIP, max(1, self._backoff * 2))
+            self._skip = self._backoff

@@ -1,7 +1,7 @@
 """Per-open-file sequential read-ahead.
 
 While reads stay sequential the window (blocks requested ahead of the reader) doubles
-each time the reader enters a new block, up to the Little's-law target: bytes in flight
+with each read, up to the Little's-law target: bytes in flight
 = the reader's throughput x the link latency (x ``SAFETY``), never below ``MIN_BLOCKS``
 and never above ``max_bytes``.  A seek resets the window.  Pure logic, no I/O: the
 caller turns the returned block numbers into prefetches.
@@ -60,10 +60,11 @@ class ReadAhead:
             self.last_block = cur
             return range(0)
         self.streak_bytes += size
-        if cur != self.last_block:       # entered a new block: grow the window
-            if self.last_block >= 0:
-                self.window = min(self._target_blocks(latency_s, now), self.window * 2)
-            self.last_block = cur
+        if self.last_block >= 0:
+            # every sequential read after the first doubles the window (the kernel
+            # reads 1 MiB at a time: a large file reaches full depth in a few MiB)
+            self.window = min(self._target_blocks(latency_s, now), self.window * 2)
+        self.last_block = cur
         start = max(self.ahead_upto, cur + 1)
         stop = min(nblocks, cur + 1 + self.window)
         if stop <= start:

@@ -48,6 +48,9 @@ CLASSIFY_AFTER = WINDOW // 2
 # Ordered predictors used as fallback when the class's own predictor has nothing, if
 # their measured depth-1 hit rate is at least this.
 FALLBACK_MIN_CONF = 0.6
+# Opens before unclassified, unordered access falls back to the epoch-set guess: a few
+# opens tell an ordered scan (stride confidence rises at once) from a shuffled one.
+EARLY_EPOCHSET_AFTER = 4
 # While the class says "shuffled", a successor whose depth-1 hit rate reached this is
 # trusted anyway (a repeated order shows in its hit rate after ~16 opens, in the feature
 # window only after ~64).
@@ -116,6 +119,12 @@ class EnsemblePredictor:
         if pat is None:
             if self.stride.confidence() >= FALLBACK_MIN_CONF:
                 return self.stride.predict(min(max_items, self.depth()))
+            # Not classified yet (the first CLASSIFY_AFTER opens of a job): if the opens
+            # so far are not an ordered scan, the unread files of the directory being
+            # read are the best guess (a shuffled first epoch); the daemon's byte budget
+            # bounds what this costs when the guess is wrong.
+            if self.opens >= EARLY_EPOCHSET_AFTER and self.stride.confidence() < 0.3:
+                return self.epochset.predict(max_items)
             return []
         if pat == "random":
             return []

@@ -5,11 +5,14 @@ prob of each is about PROB_HORIZON_OPENS / remaining (chance it is among the nex
 opens), eta the expected wait for a uniformly placed member ((remaining+1)/2 opens).
 They are listed in listing order so that successive predictions are stable (a
 scheduler working down the list makes progress instead of chasing a reshuffled list).
-In the first epoch the working set is unknown: the unread part of the catalog stands in,
-with a lower prob.
+In the first epoch the working set is unknown: the unread part of the catalog under the
+*scope* stands in, with a lower prob.  The scope is the deepest directory containing
+every file opened so far (train/ when a job reads train/class*/..., never val/), a
+contiguous range of the sorted catalog.
 """
 from __future__ import annotations
 
+import bisect
 from typing import Iterable
 
 import numpy as np
@@ -40,10 +43,37 @@ class EpochSetPredictor:
         self.unread = np.ones(n, dtype=bool)     # candidates: members not read this epoch
         self.remaining = n
         self.first_epoch = True
+        self.scope: str | None = None      # directory prefix ("" = everything) or None
+        self.scope_range = (0, n)
+
+    def _widen_scope(self, path: str) -> None:
+        d = path.rsplit("/", 1)[0] + "/" if "/" in path else ""
+        if self.scope is None:
+            new = d
+        elif d.startswith(self.scope):
+            return
+        else:
+            a, b = self.scope.split("/")[:-1], d.split("/")[:-1]
+            k = 0
+            while k < min(len(a), len(b)) and a[k] == b[k]:
+                k += 1
+            new = "/".join(a[:k]) + "/" if k else ""
+        if new != self.scope:
+            self.scope = new
+            paths = self.catalog.paths
+            lo = bisect.bisect_left(paths, new)
+            hi = bisect.bisect_left(paths, new[:-1] + chr(ord("/") + 1)) if new else len(paths)
+            self.scope_range = (lo, hi)
+
+    def in_scope_remaining(self) -> int:
+        lo, hi = self.scope_range
+        return int(self.unread[lo:hi].sum())
 
     def observe(self, ev: Event) -> None:
         if ev.op == "open":
             self.rate.observe_open(ev.t)
+            if self.first_epoch and ev.path in self.catalog.index:
+                self._widen_scope(ev.path)
         if self.tracker.observe(ev):
             idx = self.catalog.index
             self.unread[:] = False
@@ -73,9 +103,10 @@ class EpochSetPredictor:
             prob *= FIRST_EPOCH_PROB_SCALE
         eta = self.rate.eta((r + 1) / 2)
         cat, u = self.catalog, self.unread
+        lo, hi = self.scope_range if self.first_epoch else (0, len(u))
         out: list[Prediction] = []
-        for start in range(0, len(u), SCAN_CHUNK):
-            for i in np.flatnonzero(u[start:start + SCAN_CHUNK]).tolist():
+        for start in range(lo, hi, SCAN_CHUNK):
+            for i in np.flatnonzero(u[start:min(hi, start + SCAN_CHUNK)]).tolist():
                 j = start + i
                 out.append(whole_file(cat, cat.paths[j], eta, prob, self.name, cat.sizes[j]))
                 if len(out) >= max_items:

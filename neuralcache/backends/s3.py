@@ -160,6 +160,19 @@ class S3Backend:
                     for d in dirs:
                         pending.add(pool.submit(self._list_dir, d))
 
+    def warm_connections(self, n: int) -> None:
+        """Open ~n pooled connections now (n cheap requests at once), so the first reads
+        of a job do not each pay a TCP handshake round trip on top of the GET."""
+        def ping(_):
+            try:
+                self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix,
+                                             MaxKeys=1)
+            except Exception:  # best effort: a failure here only costs a handshake later
+                pass
+
+        with ThreadPoolExecutor(n, thread_name_prefix="nc-warm") as pool:
+            list(pool.map(ping, range(n)))
+
     def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
         r = self._call(f"stat {key}", lambda: self._client.head_object(Bucket=self.bucket,
