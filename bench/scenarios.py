@@ -32,8 +32,9 @@ def shards(ctx):
     man = ctx.dataset("shards")
 
     def body(ctx, m):
-        return [ctx.measure(m, "cold", lambda: wl.shards_epoch(m.root, "shards", man, 1)),
-                ctx.measure(m, "warm", lambda: wl.shards_epoch(m.root, "shards", man, 2))]
+        h = m.info.get("hints", False)
+        return [ctx.measure(m, "cold", lambda: wl.shards_epoch(m.root, "shards", man, 1, hints=h)),
+                ctx.measure(m, "warm", lambda: wl.shards_epoch(m.root, "shards", man, 2, hints=h))]
     return ctx.run_systems("shards", "shards", man, body)
 
 
@@ -42,8 +43,11 @@ def samples(ctx):
     man = ctx.dataset("samples")
 
     def body(ctx, m):
-        return [ctx.measure(m, "cold", lambda: wl.samples_epoch(m.root, "samples", man, 1)),
-                ctx.measure(m, "warm", lambda: wl.samples_epoch(m.root, "samples", man, 2))]
+        h = m.info.get("hints", False)
+        return [ctx.measure(m, "cold", lambda: wl.samples_epoch(m.root, "samples", man, 1,
+                                                               hints=h)),
+                ctx.measure(m, "warm", lambda: wl.samples_epoch(m.root, "samples", man, 2,
+                                                               hints=h))]
     return ctx.run_systems("samples", "samples", man, body,
                            link_value=lambda r: (r["files_per_s"], "files/s"))
 

@@ -4,6 +4,8 @@
 * ``local``                   the same files on local disk, page cache dropped before cold runs
 * ``neuralcache``             ``neuralcache mount`` with default settings (CLI only)
 * ``neuralcache-noprefetch``  ``--readahead off --prefetch off``
+* ``neuralcache-hints``  default settings, and the workload hands each epoch's order to
+  the mount first (neuralcache.hints.publish_order, what HintingSampler does)
 * ``rclone``                  ``rclone mount`` with ``--vfs-cache-mode full``, read-ahead on
 * ``s3fs``                    ``s3fs`` with ``use_cache`` and a raised ``parallel_count``
 
@@ -35,7 +37,8 @@ S3FS_MIN_CACHE_MB = 10 * 16 + 16
 # Free space s3fs keeps on its (tmpfs) cache filesystem when the cache is limited.
 S3FS_RESERVE_MB = 8
 
-ALL_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-noprefetch", "rclone", "s3fs"]
+ALL_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-hints", "neuralcache-noprefetch",
+               "rclone", "s3fs"]
 
 
 class SystemUnavailable(RuntimeError):
@@ -309,6 +312,7 @@ class RcloneSystem(System):
             _wait_mounted(mnt, proc, log)
             yield Mounted(self.name, mnt, remote=True,
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
+                                "hints": self.hints,
                                 "pid": proc.pid, "fuse_dev": _fuse_dev(mnt)})
         finally:
             unmount(mnt)
@@ -365,6 +369,7 @@ class S3fsSystem(System):
             _wait_mounted(mnt, proc, log)
             yield Mounted(self.name, mnt, remote=True,
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
+                                "hints": self.hints,
                                 "pid": proc.pid, "fuse_dev": _fuse_dev(mnt),
                                 "cache_limit_mb": limit})
         finally:
@@ -405,11 +410,14 @@ class NeuralCacheSystem(System):
 
     name = "neuralcache"
 
-    def __init__(self, env: SystemEnv, prefetch: bool = True):
+    def __init__(self, env: SystemEnv, prefetch: bool = True, hints: bool = False):
         super().__init__(env)
         self.prefetch = prefetch
+        self.hints = hints
         if not prefetch:
             self.name = "neuralcache-noprefetch"
+        elif hints:
+            self.name = "neuralcache-hints"
 
     def check(self):
         if not neuralcache_binary():
@@ -466,6 +474,7 @@ class NeuralCacheSystem(System):
             _wait_mounted(mnt, None, log, timeout=10)
             yield Mounted(self.name, mnt, remote=True, stats_fn=lambda: self._stats(mnt),
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
+                                "hints": self.hints,
                                 "fuse_dev": _fuse_dev(mnt), "code": code_revision()})
         finally:
             subprocess.run([exe, "umount", str(mnt)], env=self._env(), capture_output=True,
@@ -485,4 +494,6 @@ def make_system(name: str, env: SystemEnv) -> System:
         return NeuralCacheSystem(env, prefetch=True)
     if name == "neuralcache-noprefetch":
         return NeuralCacheSystem(env, prefetch=False)
+    if name == "neuralcache-hints":
+        return NeuralCacheSystem(env, prefetch=True, hints=True)
     raise KeyError(f"unknown system {name!r} (link is measured by the runner)")

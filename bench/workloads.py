@@ -47,11 +47,23 @@ def _order(files: list[str], seed: int) -> list[str]:
 
 
 # -- shards: shuffled shard order, each shard sequential -------------------------------------
-def shards_epoch(root: Path, ds_name: str, manifest: dict, seed: int) -> dict:
+def _publish(root: Path, ds_name: str, order: list[str]) -> None:
+    """What a sampler wrapper does (neuralcache.torch.HintingSampler): hand the epoch's
+    order to the mount before reading it.  Timed as part of the epoch."""
+    from neuralcache.hints import publish_order
+
+    publish_order(str(root), [f"{ds_name}/{rel}" for rel in order])
+
+
+def shards_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
+                 hints: bool = False) -> dict:
     files = manifest["files"]
     t0 = time.monotonic()
     nbytes = bad = 0
-    for rel in _order(list(files), seed):
+    order = _order(list(files), seed)
+    if hints:
+        _publish(root, ds_name, order)
+    for rel in order:
         n, ok = read_verify(root / ds_name / rel, files[rel]["xxh3"])
         nbytes += n
         bad += (not ok) or n != files[rel]["size"]
@@ -62,7 +74,7 @@ def shards_epoch(root: Path, ds_name: str, manifest: dict, seed: int) -> dict:
 
 # -- samples: file per sample, random order, parallel readers -----------------------------------
 def samples_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
-                  threads: int = SAMPLE_THREADS) -> dict:
+                  threads: int = SAMPLE_THREADS, hints: bool = False) -> dict:
     files = manifest["files"]
     order = _order(list(files), seed)
 
@@ -72,6 +84,8 @@ def samples_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
         return len(data), xxhash.xxh3_64_hexdigest(data) == files[rel]["xxh3"]
 
     t0 = time.monotonic()
+    if hints:
+        _publish(root, ds_name, order)
     with cf.ThreadPoolExecutor(threads) as ex:
         res = list(ex.map(one, order))
     dt = time.monotonic() - t0

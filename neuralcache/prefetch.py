@@ -245,6 +245,9 @@ class Prefetcher:
             else:
                 if whole:
                     self._planned.add(p.path)   # every block cached or on its way
+                    note = getattr(self.predictor, "note_planned", None)
+                    if note is not None:
+                        note(p.path)
         if started or not preds:
             self._backoff = 0
         else:

@@ -96,6 +96,10 @@ class EnsemblePredictor:
     def clear_hints(self) -> None:
         self.hints.clear_hints()
 
+    def note_planned(self, path: str) -> None:
+        """The daemon has ``path`` cached or on its way: candidate lists skip it."""
+        self.epochset.note_planned(path)
+
     def observe(self, ev: Event) -> None:
         for p in self._parts():
             p.observe(ev)

@@ -41,6 +41,7 @@ class EpochSetPredictor:
         self.tracker.set_catalog(self.catalog)
         n = len(self.catalog)
         self.unread = np.ones(n, dtype=bool)     # candidates: members not read this epoch
+        self.planned = np.zeros(n, dtype=bool)   # already fetched/scheduled by the caller
         self.remaining = n
         self.first_epoch = True
         self.scope: str | None = None      # directory prefix ("" = everything) or None
@@ -82,11 +83,19 @@ class EpochSetPredictor:
                 if i is not None:
                     self.unread[i] = True
             self.remaining = int(self.unread.sum())
+            self.planned[:] = False
             self.first_epoch = False
             for p in self.tracker.current_members():
                 self._mark_read(p)
         elif self.tracker.consumed(ev.path):
             self._mark_read(ev.path)
+
+    def note_planned(self, path: str) -> None:
+        """The caller has this member cached or on its way: stop offering it this epoch
+        (so the next predictions reach further into the unread set)."""
+        i = self.catalog.index.get(path)
+        if i is not None:
+            self.planned[i] = True
 
     def _mark_read(self, path: str) -> None:
         i = self.catalog.index.get(path)
@@ -105,8 +114,10 @@ class EpochSetPredictor:
         cat, u = self.catalog, self.unread
         lo, hi = self.scope_range if self.first_epoch else (0, len(u))
         out: list[Prediction] = []
+        pl = self.planned
         for start in range(lo, hi, SCAN_CHUNK):
-            for i in np.flatnonzero(u[start:min(hi, start + SCAN_CHUNK)]).tolist():
+            stop = min(hi, start + SCAN_CHUNK)
+            for i in np.flatnonzero(u[start:stop] & ~pl[start:stop]).tolist():
                 j = start + i
                 out.append(whole_file(cat, cat.paths[j], eta, prob, self.name, cat.sizes[j]))
                 if len(out) >= max_items:
