@@ -29,6 +29,7 @@ CHUNK = 1 << 20
 
 
 def drop_page_cache(path: Path) -> str:
+    os.sync()      # dirty pages (a file just written) cannot be dropped
     try:
         with open("/proc/sys/vm/drop_caches", "w") as f:
             f.write("3\n")

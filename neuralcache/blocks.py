@@ -49,11 +49,13 @@ HEDGE_FACTOR = 3.0
 HEDGE_MIN_S = 0.5
 HEDGE_MAX_S = 4.0
 # Pending background disk writes, in bytes: a quarter of the memory tier (the queue
-# holds blocks beyond the memory bound), at least two blocks, at most 64 MiB.  Past
+# holds blocks beyond the memory bound), at least 8 blocks (one multi-block read plus
+# read-ahead), at most 64 MiB.  Past
 # it, fetched blocks are served but not written (the disk is slower than the link),
 # which costs a refetch later, never a reader's time.  Measured: an entry-bounded
 # queue of 64 blocks held ~100 MB beyond a 16 MiB memory tier under 16 random readers.
 DISK_WRITE_QUEUE_MAX = 64 << 20
+DISK_WRITE_QUEUE_MIN_BLOCKS = 8
 DISK_WRITE_QUEUE_ENTRIES = 1024
 # Disk-tier worker threads (reads and writes).
 DISK_THREADS = 8
@@ -103,7 +105,8 @@ class BlockStore:
         self.spec_unread = 0      # bytes in _speculative
         self.spec_inflight = 0    # bytes of speculative loads in flight
         self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE_ENTRIES)
-        self.write_queue_limit = max(2 * block_size, min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
+        self.write_queue_limit = max(DISK_WRITE_QUEUE_MIN_BLOCKS * block_size,
+                                     min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
         self.write_queue_bytes = 0
         self._nursery: trio.Nursery | None = None
 
