@@ -21,7 +21,6 @@ which takes well under a second for 100k blocks (tests/test_cache.py measures it
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
 import struct

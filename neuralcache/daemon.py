@@ -7,7 +7,6 @@ sent to systemd (``READY=1`` on $NOTIFY_SOCKET) when run as a Type=notify servic
 """
 from __future__ import annotations
 
-import errno
 import fcntl
 import json
 import logging

@@ -5,8 +5,9 @@ PermissionDenied, Unavailable, VersionChanged); retries happen inside.
 """
 from __future__ import annotations
 
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Callable, Iterator, Protocol
 
 # Longest file name most Linux filesystems (and the kernel's FUSE layer) accept.
 NAME_MAX = 255
@@ -32,6 +33,22 @@ def valid_key(key: str) -> bool:
         if part in ("", ".", "..") or len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
             return False
     return True
+
+
+def walk_parallel(scan: Callable[[str], tuple[list[ObjectInfo], list[str]]], start: str,
+                  workers: int) -> Iterator[ObjectInfo]:
+    """Breadth-first listing: ``scan(dir)`` returns (objects, sub-directories) and runs
+    in ``workers`` threads, one directory each, so a remote listing costs ~depth round
+    trips instead of one per directory."""
+    with ThreadPoolExecutor(workers, thread_name_prefix="nc-list") as pool:
+        pending = {pool.submit(scan, start)}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                objs, dirs = fut.result()
+                yield from objs
+                for d in dirs:
+                    pending.add(pool.submit(scan, d))
 
 
 class Backend(Protocol):

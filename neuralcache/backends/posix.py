@@ -10,11 +10,10 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Iterator
 
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
-from .base import ObjectInfo, valid_key
+from .base import ObjectInfo, valid_key, walk_parallel
 
 log = logging.getLogger(__name__)
 
@@ -85,15 +84,7 @@ class PosixBackend:
         return objs, dirs
 
     def list_all(self) -> Iterator[ObjectInfo]:
-        with ThreadPoolExecutor(LIST_WORKERS, thread_name_prefix="nc-list") as pool:
-            pending = {pool.submit(self._scan, "")}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    objs, dirs = fut.result()
-                    yield from objs
-                    for d in dirs:
-                        pending.add(pool.submit(self._scan, d))
+        return walk_parallel(self._scan, "", LIST_WORKERS)
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from urllib.parse import quote
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
 
 from .. import retry
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
-from .base import ObjectInfo, valid_key
+from .base import ObjectInfo, valid_key, walk_parallel
 
 log = logging.getLogger(__name__)
 
@@ -229,16 +228,8 @@ class S3Backend:
             token = resp["NextContinuationToken"]
 
     def list_all(self) -> Iterator[ObjectInfo]:
-        """Breadth-first over '/'-delimited prefixes, LIST_WORKERS prefixes at a time."""
-        with ThreadPoolExecutor(LIST_WORKERS, thread_name_prefix="nc-list") as pool:
-            pending = {pool.submit(self._list_dir, self.prefix)}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    objs, dirs = fut.result()
-                    yield from objs
-                    for d in dirs:
-                        pending.add(pool.submit(self._list_dir, d))
+        """Breadth-first over '/'-delimited prefixes, LIST_WORKERS at a time."""
+        return walk_parallel(self._list_dir, self.prefix, LIST_WORKERS)
 
     def warm_connections(self, n: int) -> None:
         """Open ~n pooled connections now (n cheap requests at once), so the first reads
