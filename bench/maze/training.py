@@ -26,7 +26,7 @@ import xxhash
 from . import data, mazes
 
 DEFAULTS = {"steps": 3000, "batch_size": 64, "workers": 2, "lr": 2e-3, "preset": "small",
-            "threads": 2, "window": 10}
+            "threads": 1, "window": 10}
 
 
 def planned_batches(n: int, steps: int, batch_size: int, seed: int) -> list[list[int]]:
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", default=DEFAULTS["preset"], help="model size: tiny|small|base")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
-    p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch intra-op threads (fixed for determinism)")
+    p.add_argument("--threads", type=int, default=DEFAULTS["threads"], help="torch intra-op threads (fixed for determinism; 1 leaves a core to the I/O stack)")
     p.add_argument("--window", type=int, default=DEFAULTS["window"], help="batches per samples/s window")
     p.add_argument("--eval-every", type=int, default=0, help="also evaluate every K steps (0: before/after only)")
     p.add_argument("--hints", action="store_true", help="write the read order to DATA_ROOT/.neuralcache/hints if present")

@@ -1,6 +1,6 @@
 """Cold start: load a maze checkpoint in a fresh process and time the first generated token.
 
-    python -m bench.maze.ttft CKPT_DIR [--maze 0] [--threads 2]
+    python -m bench.maze.ttft CKPT_DIR [--maze 0] [--threads 1]
 
 CKPT_DIR holds config.json + model.safetensors (as written by bench.maze.train; the
 harness points it at a mount). Prints one JSON object:
@@ -25,7 +25,7 @@ import os  # noqa: E402
 import sys  # noqa: E402
 
 
-def run(ckpt_dir: str, maze_index: int = 0, threads: int = 2) -> dict:
+def run(ckpt_dir: str, maze_index: int = 0, threads: int = 1) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     ti = time.perf_counter()
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.maze.ttft", description=__doc__.split("\n")[0])
     p.add_argument("ckpt_dir")
     p.add_argument("--maze", type=int, default=0, help="which of the 64 eval mazes to prompt with")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     if not os.path.isfile(os.path.join(a.ckpt_dir, "config.json")):
         print(f"bench.maze.ttft: no config.json in {a.ckpt_dir}", file=sys.stderr)
