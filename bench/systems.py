@@ -225,6 +225,7 @@ def _fresh_dir(path: Path) -> Path:
 # -- the systems -------------------------------------------------------------------------------
 class System:
     name = "?"
+    hints = False        # the workload publishes each epoch's order to the mount
     remote = True
 
     def __init__(self, env: "SystemEnv"):
