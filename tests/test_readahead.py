@@ -45,3 +45,15 @@ def test_slow_reader_gets_small_window():
         ra.on_read(i * (128 << 10), 128 << 10, 1000, 0.06, now=t)
         t += 0.1
     assert ra.window <= 2           # Little's law: 1.3 MB/s x 60 ms x 2 < 1 block
+
+
+def test_random_reads_do_not_start_read_ahead():
+    import random
+
+    ra = ReadAhead(BS, max_bytes=8 * BS)
+    rnd = random.Random(1)
+    started = 0
+    for i in range(2000):                     # 128 KiB at random over 1 GiB
+        off = rnd.randrange(0, 1024) * BS + rnd.randrange(0, 8) * (128 << 10)
+        started += len(ra.on_read(off, 128 << 10, 1024, 0.06, now=i * 1e-3))
+    assert started <= 20, started             # ~1% false streaks at most
