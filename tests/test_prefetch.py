@@ -1,0 +1,100 @@
+"""The prefetch scheduler against a scripted predictor (no kernel)."""
+from collections import namedtuple
+
+import pytest
+import trio
+
+from neuralcache.backends.base import ObjectInfo
+from neuralcache.blocks import BlockStore
+from neuralcache.cache import MemoryTier
+from neuralcache.errors import UserError
+from neuralcache.namespace import Namespace
+from neuralcache.prefetch import EPOCHSET_WHOLE_MAX, Prefetcher
+from neuralcache.stats import Stats
+
+P = namedtuple("P", "path offset length eta_s prob source")
+BS = 8 << 20
+
+
+class FakeBackend:
+    def __init__(self):
+        self.calls = []
+
+    def read(self, key, offset, length, version):
+        self.calls.append((key, offset, length))
+        return bytes(length)
+
+
+class Scripted:
+    def __init__(self, preds):
+        self.preds = preds
+        self.hints = None
+
+    def set_catalog(self, entries):
+        pass
+
+    def observe(self, ev):
+        pass
+
+    def predict(self, n):
+        return self.preds[:n]
+
+    def set_hints(self, paths):
+        if "bad" in paths:
+            raise ValueError("hint 1: not in the catalog")
+        self.hints = paths
+
+    def clear_hints(self):
+        self.hints = None
+
+
+def setup(preds, objects, budget=1 << 30):
+    ns = Namespace()
+    ns.apply_listing([ObjectInfo(k, s, "v", 0.0) for k, s in objects])
+    be = FakeBackend()
+    store = BlockStore(be, MemoryTier(1 << 30), None, Stats(), block_size=BS, concurrency=16)
+    return ns, be, store, Prefetcher(ns, store, Scripted(preds), budget_bytes=budget)
+
+
+def run(store, fn):
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            fn()
+            await trio.sleep(0.2)
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_epochset_guess_on_a_big_file_fetches_only_its_first_block():
+    big = EPOCHSET_WHOLE_MAX + 5 * BS
+    ns, be, store, pf = setup([P("big", 0, big, 1.0, 0.01, "epochset"),
+                               P("small", 0, 1000, 1.0, 0.01, "epochset")],
+                              [("big", big), ("small", 1000)])
+    run(store, lambda: pf.on_open("other", 1, 1))
+    assert sorted(be.calls) == [("big", 0, BS), ("small", 0, 1000)]
+
+
+def test_weak_ordered_predictions_are_cut_but_epochset_is_not():
+    ns, be, store, pf = setup([P("a", 0, 10, 1.0, 0.01, "stride"),
+                               P("b", 0, 10, 1.0, 0.9, "stride"),
+                               P("c", 0, 10, 1.0, 0.01, "epochset")],
+                              [("a", 10), ("b", 10), ("c", 10)])
+    run(store, lambda: pf.on_open("x", 1, 1))
+    assert sorted(k for k, _, _ in be.calls) == ["b", "c"]
+
+
+def test_unread_budget_bounds_prefetch():
+    objs = [(f"f{i:02d}", 1 << 20) for i in range(20)]
+    ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,
+                              budget=4 << 20)
+    run(store, lambda: pf.on_open("x", 1, 1))
+    assert 4 <= len(be.calls) <= 5
+
+
+def test_bad_hints_are_a_user_error_and_change_nothing():
+    ns, be, store, pf = setup([], [("a", 1)])
+    with pytest.raises(UserError):
+        pf.set_hints(["a", "bad"])
+    assert pf.hints_set == 0
+    assert pf.set_hints(["a"]) == 1 and pf.predictor.hints == ["a"]
