@@ -348,12 +348,11 @@ class BlockStore:
         return outcome[1]
 
     def hedge_delay(self) -> float:
-        lat = sorted(self.stats.latencies)
-        p90 = lat[int(len(lat) * 0.9)] if len(lat) >= 20 else self.hedge_max_s
+        p90 = self.stats.latency_quantile(0.9, default=self.hedge_max_s)
         return min(self.hedge_max_s, max(min(HEDGE_MIN_S, self.hedge_max_s),
                                          HEDGE_FACTOR * p90))
 
     def latency_estimate(self) -> float:
-        """Median backend latency of recent block fetches (seconds), for Little's law."""
-        lat = sorted(self.stats.latencies)
-        return lat[len(lat) // 2] if lat else 0.06
+        """Median backend latency of recent block fetches (seconds), for Little's law;
+        the emulated WAN round trip (60 ms) until there are samples."""
+        return self.stats.latency_quantile(0.5, default=0.06)

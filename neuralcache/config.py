@@ -64,26 +64,16 @@ def _bool(v: str | bool) -> bool:
     raise UserError(f"bad on/off value {v!r}: use on or off")
 
 
-def _positive_float(name):
+def _number(name: str, kind: type, minimum: float, unit: str):
+    """Parser for a number option: ``kind`` (int or float), at least ``minimum``."""
     def parse(v):
         try:
-            x = float(v)
+            x = kind(v)
         except ValueError:
-            raise UserError(f"bad {name} {v!r}: expected a number of seconds") from None
-        if x < 0:
-            raise UserError(f"bad {name} {v!r}: must not be negative")
-        return x
-    return parse
-
-
-def _positive_int(name):
-    def parse(v):
-        try:
-            x = int(v)
-        except ValueError:
-            raise UserError(f"bad {name} {v!r}: expected a whole number") from None
-        if x < 1:
-            raise UserError(f"bad {name} {v!r}: must be at least 1")
+            raise UserError(f"bad {name} {v!r}: expected {unit}") from None
+        if x < minimum:
+            raise UserError(f"bad {name} {v!r}: must "
+                            + ("not be negative" if minimum == 0 else f"be at least {minimum}"))
         return x
     return parse
 
@@ -111,12 +101,12 @@ OPTIONS: dict[str, tuple] = {
                    "disk cache limit, e.g. 20G (default 20G)"),
     "memory_cache_size": (lambda v: parse_size(v, "memory cache size"),
                           "memory cache limit, e.g. 1G (default 1G)"),
-    "metadata_ttl": (_positive_float("metadata TTL"),
+    "metadata_ttl": (_number("metadata TTL", float, 0, "a number of seconds"),
                      "seconds the listing is trusted before entries are revalidated "
                      "(default 300)"),
     "block_size": (lambda v: parse_size(v, "block size"),
                    "ranged GET and cache block size (default 8M)"),
-    "concurrency": (_positive_int("concurrency"),
+    "concurrency": (_number("concurrency", int, 1, "a whole number"),
                     "backend requests in flight (default 64)"),
     "readahead": (_bool, "sequential read-ahead within files: on|off (default on)"),
     "readahead_size": (lambda v: parse_size(v, "read-ahead size"),

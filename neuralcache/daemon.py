@@ -18,6 +18,7 @@ import time
 import pyfuse3
 import trio
 import xxhash
+from predictors import make_default_predictor
 
 from . import control, mounts
 from .backends import open_backend
@@ -28,7 +29,7 @@ from .config import MountConfig
 from .errors import BackendError, UserError
 from .fuse_ops import Operations
 from .namespace import Namespace
-from .prefetch import HintQueue, Prefetcher
+from .prefetch import Prefetcher
 from .stats import Stats
 from .trace import TraceRing
 
@@ -139,14 +140,6 @@ async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
                  time.monotonic() - t0, len(changed))
 
 
-def make_predictor():
-    try:
-        from predictors import make_default_predictor
-    except ImportError:
-        return HintQueue()
-    return make_default_predictor([])
-
-
 async def _serve(cfg: MountConfig, on_ready) -> None:
     mp = check_mountpoint(cfg.mountpoint)
     try:
@@ -187,7 +180,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)
     trace = TraceRing()
-    predictor = make_predictor()
+    predictor = make_default_predictor([])
     prefetcher = Prefetcher(ns, store, predictor,
                             budget_bytes=int(cfg.memory_cache_size * PREFETCH_BUDGET_FRACTION),
                             enabled=cfg.prefetch)

@@ -36,9 +36,6 @@ ERRNO: dict[type, int] = {
     UserError: errno.EINVAL,        # e.g. a malformed hint
 }
 
-XATTR_CACHED = b"user.neuralcache.cached"
-XATTR_VERSION = b"user.neuralcache.version"
-
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
@@ -323,12 +320,12 @@ class Operations(pyfuse3.Operations):
         node = self.ns.get(inode)
         if node is None or node.is_dir or control.is_control_inode(inode):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        if name == XATTR_CACHED:
+        if name == control.XATTR_CACHED.encode():
             p = Pinned(node.key, node.version, node.size)
             n = sum(self.store.block_range(p, i)[1] for i in range(self.store.nblocks(p))
                     if self.store.cached(p, i))
             return str(n).encode()
-        if name == XATTR_VERSION:
+        if name == control.XATTR_VERSION.encode():
             return node.version.encode()
         raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
 

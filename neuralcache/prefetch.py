@@ -1,6 +1,6 @@
 """Cross-file prefetch scheduler: turns predictions into speculative block loads.
 
-The predictor (``predictors.make_default_predictor`` when available) sees every open
+The predictor (``predictors.make_default_predictor``) sees every open
 and read; after each open (and every ``PUMP_EVERY_READS`` reads) the scheduler asks it
 for ranked predictions and starts loads for the first blocks not yet cached, most
 urgent first, while
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
+
+from predictors.events import Event
 
 from . import limiter as lim
 from .blocks import BlockStore, Pinned
@@ -47,67 +49,6 @@ MAX_IDLE_SKIP = 64
 # Floor of prefetch bytes in flight: 16 files of ~100 KB or 2 blocks of 8 MiB.
 MIN_INFLIGHT_BYTES = 16 << 20
 SAFETY = 2.0
-
-
-class HintQueue:
-    """Fallback predictor when predictors/ is unavailable: explicit hints only."""
-
-    name = "hints"
-
-    def __init__(self) -> None:
-        self.order: list[str] = []
-        self.pos: dict[str, int] = {}
-        self.cursor = 0
-        self.catalog: dict[str, int] = {}
-
-    def set_catalog(self, entries) -> None:
-        self.catalog = dict(entries)
-
-    def set_hints(self, paths: list[str]) -> None:
-        for p in paths:
-            if p not in self.catalog:
-                raise ValueError(f"hint {p!r} is not a file in the mount")
-        self.order = list(paths)
-        self.pos = {p: i for i, p in reversed(list(enumerate(paths)))}
-        self.cursor = 0
-
-    def clear_hints(self) -> None:
-        self.set_hints([])
-
-    def observe(self, ev) -> None:
-        if ev.op == "open":
-            i = self.pos.get(ev.path)
-            if i is not None and i >= self.cursor:
-                self.cursor = i + 1
-
-    def predict(self, max_items: int):
-        out = []
-        for p in self.order[self.cursor:self.cursor + max_items]:
-            out.append(_Pred(p, 0, self.catalog.get(p, 0), 1.0))
-        return out
-
-
-class _Pred:
-    __slots__ = ("path", "offset", "length", "prob", "eta_s", "source")
-
-    def __init__(self, path, offset, length, prob):
-        self.path, self.offset, self.length, self.prob = path, offset, length, prob
-        self.eta_s, self.source = 0.0, "hints"
-
-
-class _Event:
-    """Stand-in for predictors.events.Event (same fields) if predictors is missing."""
-    __slots__ = ("t", "op", "path", "off", "len", "pid", "size")
-
-    def __init__(self, t, op, path, off, length, pid, size):
-        self.t, self.op, self.path, self.off = t, op, path, off
-        self.len, self.pid, self.size = length, pid, size
-
-
-try:
-    from predictors.events import Event as _EventType
-except ImportError:  # predictors/ not importable: hints-only prefetch
-    _EventType = _Event
 
 
 class Rate:
@@ -162,7 +103,7 @@ class Prefetcher:
 
     def _observe(self, *ev) -> None:
         try:
-            self.predictor.observe(_EventType(time.monotonic(), *ev))
+            self.predictor.observe(Event(time.monotonic(), *ev))
         except Exception:
             log.exception("predictor failed to observe an event; prefetch disabled")
             self.enabled = False

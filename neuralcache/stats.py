@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 # Backend latencies kept for percentiles: the last N requests (a few minutes of a busy
 # mount at 32 requests in flight), so percentiles follow the link as it changes.
 LATENCY_WINDOW = 4096
+# The sorted window is rebuilt after this many new samples, not on every query: the
+# read path asks for the median on every read (read-ahead sizing).
+RESORT_EVERY = 64
 
 
 def percentile(sorted_vals: list[float], q: float) -> float:
@@ -47,16 +50,30 @@ class Stats:
     # Optional histograms (metrics.py), fed when the metrics endpoint is on.
     backend_hist: object = None
     read_hist: object = None
+    _sorted: list = field(default_factory=list)
+    _samples: int = 0           # latencies recorded ever
+    _sorted_at: int = 0         # _samples when _sorted was built
 
     def record_backend(self, seconds: float, nbytes: int, ok: bool) -> None:
         self.backend_requests += 1
         if ok:
             self.bytes_fetched += nbytes
             self.latencies.append(seconds)
+            self._samples += 1
             if self.backend_hist is not None:
                 self.backend_hist.observe(seconds)
         else:
             self.backend_errors += 1
+
+    def latency_quantile(self, q: float, default: float) -> float:
+        """Quantile of recent backend latencies (seconds); ``default`` with < 20 samples."""
+        new = self._samples - self._sorted_at
+        if new and (new >= RESORT_EVERY or len(self._sorted) < RESORT_EVERY):
+            self._sorted = sorted(self.latencies)
+            self._sorted_at = self._samples
+        if len(self._sorted) < 20:
+            return default
+        return percentile(self._sorted, q)
 
     def latency_ms(self) -> dict[str, float]:
         vals = sorted(self.latencies)

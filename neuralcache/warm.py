@@ -19,7 +19,6 @@ from . import control
 from .errors import UserError
 from .sizes import format_size
 
-XATTR_CACHED = "user.neuralcache.cached"
 # Files read at once: enough to keep ~16 round trips in flight for small files while
 # the daemon's own read-ahead covers large ones.
 DEFAULT_JOBS = 16
@@ -119,7 +118,7 @@ def _read_one(path: str, progress: Progress, stop: threading.Event) -> None:
 
 def cached_bytes(path: str) -> int:
     try:
-        return int(os.getxattr(path, XATTR_CACHED))
+        return int(os.getxattr(path, control.XATTR_CACHED))
     except (OSError, ValueError):
         return 0
 

@@ -3,8 +3,8 @@
 
 Listing, stat and the mount-time check go through a botocore client.  Ranged reads,
 the hot path, are signed with botocore's SigV4 signer and sent with urllib3 directly:
-a botocore GetObject costs ~2.5 ms of CPU, the direct request ~1.0 ms (measured on
-100 KB objects), and a Python daemon serving 100 KB samples is CPU-bound on exactly
+a botocore GetObject costs ~2.7 ms of CPU, the direct request ~1.25 ms on 100 KB
+objects (`python -m bench.micro get-cpu`), and a Python daemon serving 100 KB samples is CPU-bound on exactly
 that.  All of it is blocking; callers run these methods in worker threads.  Retries
 are ours (``neuralcache.retry``); botocore's own are off so that one policy applies.
 """
