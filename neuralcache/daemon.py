@@ -297,10 +297,12 @@ async def _on_signals() -> None:
 
 
 def _limit_malloc_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena (up to 8 x cores);
-    with ~50 worker threads moving MiB-sized buffers the daemon's RSS grew to 500 MB
-    over a 16 MiB memory cache (tests/test_reliability.py soak).  Two arenas keep RSS
-    near the configured caches; the threads mostly wait on I/O, so contention is low."""
+    """glibc gives each thread that allocates its own malloc arena (up to 8 x cores)
+    and raises its mmap threshold after the first large free; with ~70 worker threads
+    moving MiB-sized buffers both let RSS drift far above the configured caches.  Two
+    arenas and a fixed threshold bound that.  (Set while chasing the soak test's RSS;
+    the leak itself was lru-dict's popitem, and this setting's own effect was not
+    measured in isolation.)"""
     try:
         import ctypes
 
