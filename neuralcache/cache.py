@@ -209,10 +209,14 @@ class DiskTier:
         """Store a block; False (and a log line) if it could not be stored."""
         if len(data) > self.limit:
             return False
-        if not self.writable and time.monotonic() < self._retry_at:
-            return False
         name = bk.name()
         with self._lock:
+            # Whether this write is the retry that may turn caching back on. A write that
+            # began while writes still worked and finished after another thread's failure
+            # must not flip the state back (that made one outage log twice).
+            retrying = not self.writable
+            if retrying and time.monotonic() < self._retry_at:
+                return False
             if name in self._index:
                 return True
         self._evict_to(self.limit - len(data))
@@ -231,16 +235,21 @@ class DiskTier:
                 raise
             os.replace(tmp, path)
         except OSError as exc:
-            self.write_errors += 1
-            self._retry_at = time.monotonic() + self.write_retry_s
-            if self.writable:
+            with self._lock:
+                self.write_errors += 1
+                self._retry_at = time.monotonic() + self.write_retry_s
+                first = self.writable
                 self.writable = False
+            if first:
                 log.warning("disk cache write failed (%s); reading through without "
                             "caching, retrying every %.0f s", exc, self.write_retry_s)
             return False
-        if not self.writable:
+        with self._lock:
+            resumed = retrying and not self.writable
+            if resumed:
+                self.writable = True
+        if resumed:
             log.warning("disk cache writes succeed again; caching resumed")
-        self.writable = True
         with self._lock:
             if name not in self._index:
                 self._index[name] = len(data)

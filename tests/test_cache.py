@@ -122,6 +122,39 @@ def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
     assert d.writable is True
 
 
+def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkeypatch):
+    """A write that began before another thread's ENOSPC and then succeeds must not
+    turn caching back on (CI saw one outage logged twice); only the retry does."""
+    import errno
+    import threading
+    import neuralcache.cache as cache_mod
+    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=60)
+    d.load()
+    slow, fail = BlockKey("slow", "v", 0), BlockKey("fail", "v", 0)
+    release = threading.Event()
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if slow.name() in dst:
+            release.wait(5)
+        elif fail.name() in dst:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(cache_mod.os, "replace", replace)
+    results = {}
+    t = threading.Thread(target=lambda: results.setdefault("slow", d.put(slow, b"a" * 10)))
+    t.start()
+    time.sleep(0.1)                      # the slow write is past its checks
+    assert d.put(fail, b"b" * 10) is False and d.writable is False
+    release.set()
+    t.join()
+    assert results["slow"] is True       # its block is stored and usable ...
+    assert d.writable is False           # ... but caching stays off until the retry
+    assert caplog.text.count("disk cache write failed") == 1
+    assert "succeed again" not in caplog.text
+
+
 def test_reload_100k_blocks_within_seconds(tmp_path):
     d = DiskTier(str(tmp_path), 1 << 40)
     d.load()
