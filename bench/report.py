@@ -21,7 +21,8 @@ def annotate(rows: list[dict]) -> list[dict]:
         li = link.get(r["scenario"])
         if li and li["mbps"] and r["system"] != "link" and r.get("mbps"):
             r["x_link"] = r["mbps"] / li["mbps"]
-        if r["scenario"] == "train" and lo and "windows" in r and "windows" in lo:
+        if (r["scenario"] in ("train", "maze") and lo and lo is not r and "windows" in r
+                and "windows" in lo):
             steady = sorted(w["samples_per_s"] for w in lo["windows"][1:-1] or lo["windows"])
             target = steady[len(steady) // 2]
             r["local_steady_samples_per_s"] = target
@@ -61,9 +62,15 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
         note = []
         if r.get("verify_errors"):
             note.append(f"VERIFY ERRORS {r['verify_errors']}")
-        if r.get("within5_batch") is not None or (r["scenario"] == "train"
+        if r.get("within5_batch") is not None or ("windows" in r
                                                    and r["system"] not in ("link", "local")):
             note.append(f"within 5% of local at batch {r.get('within5_batch') or 'never'}")
+        if r.get("accuracy_after") is not None:
+            note.append(f"accuracy {r['accuracy_before']:.0%} -> {r['accuracy_after']:.0%}")
+        if r.get("same_bytes_as_local") is not None and r["system"] != "local":
+            note.append("bytes == local" if r["same_bytes_as_local"] else "BYTES DIFFER")
+        if r.get("loss_max_diff") is not None and r["system"] != "local":
+            note.append(f"loss max diff {r['loss_max_diff']:.2g}")
         if r.get("stall_fraction") is not None:
             note.append(f"stall {r['stall_fraction']:.0%}")
         if r.get("mount", {}).get("page_cache_drop") and r["phase"] in ("cold", "epoch1"):
@@ -98,6 +105,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         rs = [r for r in rows if r["scenario"] == s and "value" in r]
         if not rs:
             continue
+        if s == "maze":
+            continue   # bench/maze/scenario.py draws its own throughput and loss plots
         path = Path(out) / f"{s}.png"
         if s == "train":
             fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -43,16 +43,19 @@ def planned_batches(n: int, steps: int, batch_size: int, seed: int) -> list[list
 
 
 def _write_hints(root: Path, paths: list[str]) -> str:
-    """Hand the read order to a NeuralCache mount (see DEVELOPING.md); harmless elsewhere."""
-    hint = root / ".neuralcache" / "hints"
-    if not hint.parent.is_dir():
-        return "no control directory"
+    """Hand the read order to the NeuralCache mount holding ``root`` (its control
+    directory may sit above the data root); harmless anywhere else."""
     try:
-        with open(hint, "w") as f:
-            f.write("\n".join(paths) + "\n")
-        return "ok"
+        from neuralcache.hints import HintError, publish_order
+    except ImportError:
+        return "neuralcache not installed"
+    try:
+        n = publish_order(str(root), [str(root / p) for p in paths])
+    except HintError as e:
+        return f"not sent: {e}"
     except OSError as e:
         return f"refused: {e}"
+    return f"ok ({n} paths)"
 
 
 def _lr_lambda(steps: int):

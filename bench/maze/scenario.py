@@ -1,0 +1,327 @@
+"""The ``maze`` bench scenario: train the maze LLaMA from each system, then cold-start it.
+
+    python -m bench run --scenario maze --systems local,neuralcache,rclone [--quick]
+
+1. Writes the maze training set (``bench.maze.prepare``, both layouts) under the run's
+   data dir and uploads the same bytes to the bucket under ``maze/``.
+2. Per system (fresh mount, empty cache): runs ``python -m bench.maze.train`` in its own
+   process on the ``files`` layout (one small file per maze: a round trip per sample over
+   the WAN) with a seeded sampler, ``WORKERS`` DataLoader workers and 1 torch thread. The
+   job writes its planned read order to ``.neuralcache/hints`` where that exists (on a
+   NeuralCache mount; nowhere else). Rows: samples/s overall and per window of batches,
+   stall fraction, accuracy on the 64 eval mazes before/after, the bytes digest and the
+   largest loss-curve difference against local.
+3. Uploads each run's checkpoint (safetensors) to ``maze/checkpoints/SYSTEM/``; then per
+   system mounts fresh again and times a new process loading the checkpoint that the
+   first remote system trained and generating its first token (``bench.maze.ttft``).
+4. Writes ``maze_throughput.png`` (samples/s per batch window, all systems) and
+   ``maze_loss.png`` (loss curves overlaid) next to results.json.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import xxhash
+
+from bench import datasets
+
+from . import config, prepare
+
+PREFIX = "maze"
+# DataLoader worker processes. Four keep rclone's per-file round trips (one at a time per
+# worker) near the trainer's pace on this 2-core machine; more workers only add RSS.
+WORKERS = 4
+# Batches per samples/s window: 10 shows the warm-up (the seed's claim: within 100-150
+# batches); the printed per-window table widens to 100 after the first 100 batches.
+WINDOW = 10
+# Watchdog per system: training is compute-bound at ~1 s/step on one core of this
+# machine; a mount that stalls the job for 3x that is hung, not slow.
+SECONDS_PER_STEP_LIMIT = 3.0
+
+
+def _dataset_dir(ctx) -> Path:
+    return Path(ctx.data_dir) / PREFIX
+
+
+def _prepare(ctx, cfg: dict) -> dict:
+    """Write the data (reused when the manifest on disk matches) and upload it."""
+    root = _dataset_dir(ctx)
+    man_path = root / "manifest.json"
+    want = {k: cfg[k] for k in ("rows", "cols", "n_train", "shard_size")}
+    man = None
+    with contextlib.suppress(OSError, ValueError):
+        man = json.loads(man_path.read_text())
+        if any(man.get(k) != v for k, v in want.items()) or man.get("seed") != ctx.seed:
+            man = None
+    t0 = time.monotonic()
+    if man is None:
+        man = prepare(root, seed=ctx.seed, quick=ctx.quick)
+    t1 = time.monotonic()
+    files = dict(man["files"])
+    files["manifest.json"] = {"size": man_path.stat().st_size}
+    n = datasets.upload(types.SimpleNamespace(name=PREFIX), {"files": files}, ctx.data_dir,
+                        ctx.s3, ctx.bucket)
+    ctx.log(f"maze data: {len(files)} files, {sum(f['size'] for f in files.values()) / 1e6:.1f} MB "
+            f"(generate {t1 - t0:.1f} s, upload {n / 1e6:.1f} MB {time.monotonic() - t1:.1f} s)")
+    return man
+
+
+def _train(ctx, root: Path, out: Path, cfg: dict) -> dict:
+    """One training job in a fresh process; returns its result.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "bench.maze.train", "--data-root", str(root),
+           "--layout", "files", "--steps", str(cfg["steps"]),
+           "--batch-size", str(cfg["batch_size"]), "--workers", str(WORKERS),
+           "--threads", "1", "--preset", cfg["preset"], "--lr", str(cfg["lr"]),
+           "--window", str(WINDOW), "--seed", str(ctx.seed), "--hints", "--out", str(out)]
+    with open(out / "train.log", "wb") as log:
+        r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=log,
+                           timeout=cfg["steps"] * SECONDS_PER_STEP_LIMIT + 600)
+    if r.returncode != 0:
+        tail = (out / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
+        raise RuntimeError(f"training exited {r.returncode}: {tail[0] if tail else '?'}")
+    return json.loads((out / "result.json").read_text())
+
+
+def _ttft(ckpt: Path, out: Path) -> dict:
+    r = subprocess.run([sys.executable, "-m", "bench.maze.ttft", str(ckpt), "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)
+    (out / "ttft.log").write_text(r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"ttft exited {r.returncode}: {r.stderr.strip()[-200:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _upload_checkpoint(ctx, ckpt: Path, key_prefix: str) -> str:
+    """Put the checkpoint files under key_prefix; returns the safetensors' xxh64."""
+    digest = ""
+    for f in sorted(ckpt.iterdir()):
+        body = f.read_bytes()
+        ctx.s3.put_object(Bucket=ctx.bucket, Key=f"{key_prefix}/{f.name}", Body=body)
+        if f.suffix == ".safetensors":
+            digest = xxhash.xxh64_hexdigest(body)
+    return digest
+
+
+def _proc_cpu_s(pid: int | None) -> float | None:
+    """utime + stime of one process (Linux /proc), None if it is gone."""
+    if not pid:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _remote_side_pids(ctx) -> list[int]:
+    """SeaweedFS and the WAN proxy: the emulated far side, which shares this machine's
+    two cores with the job (on a real cluster it runs elsewhere)."""
+    return [p.pid for p in (getattr(ctx.seaweed, "proc", None), getattr(ctx.proxy, "proc", None))
+            if p is not None]
+
+
+def _windows(res: dict) -> list[dict]:
+    """The job's windows in the harness's shape (``batch`` = last batch of the window)."""
+    return [{"batch": w["last_step"], "samples_per_s": w["samples_per_s"],
+             "stall_fraction": w["stall_fraction"], "loss": w["loss"]}
+            for w in res["windows"] if w["samples_per_s"]]
+
+
+def _rate(per_batch: list[dict], lo: int, hi: int) -> float | None:
+    """samples/s over batches lo..hi (1-based, inclusive)."""
+    sel = per_batch[lo - 1:hi]
+    dur = sum(b["step_s"] for b in sel)
+    return sum(b["samples"] for b in sel) / dur if dur else None
+
+
+def window_table(results: dict[str, dict], steps: int) -> list[str]:
+    """Samples/s per window of batches, one column per system (10-batch windows for the
+    first 100 batches, then 100-batch windows)."""
+    edges = [(a, min(a + WINDOW - 1, steps)) for a in range(1, min(steps, 100) + 1, WINDOW)]
+    edges += [(a, min(a + 99, steps)) for a in range(101, steps + 1, 100)]
+    names = list(results)
+    lines = ["maze samples/s per window of batches: "
+             + f"{'batches':>11} " + " ".join(f"{n:>12}" for n in names)]
+    for lo, hi in edges:
+        cells = []
+        for n in names:
+            v = _rate(results[n]["per_batch"], lo, hi)
+            cells.append(f"{v:12.1f}" if v is not None else f"{'-':>12}")
+        lines.append(f"{'':39}{f'{lo}-{hi}':>11} " + " ".join(cells))
+    return lines
+
+
+def _plots(ctx, results: dict[str, dict]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, res in results.items():
+        ws = _windows(res)
+        ax.plot([w["batch"] for w in ws], [w["samples_per_s"] for w in ws], marker=".",
+                label=f"{name} ({res['samples_per_s']:.1f} samples/s overall)")
+    ax.set_xlabel(f"batch (windows of {WINDOW})")
+    ax.set_ylabel("samples/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"maze training over a {ctx.rtt_ms:.0f} ms link: samples/s per window")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(Path(ctx.out_dir) / "maze_throughput.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = ["-", "--", ":", "-."]
+    for i, (name, res) in enumerate(results.items()):
+        ax.plot(range(1, len(res["loss_curve"]) + 1), res["loss_curve"],
+                ls=styles[i % len(styles)], lw=1.2, label=name)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch")
+    ax.set_ylabel("loss (answer tokens)")
+    ax.set_title("maze training: loss curves (identical bytes give identical curves)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(Path(ctx.out_dir) / "maze_loss.png", dpi=100)
+    plt.close(fig)
+
+
+def scenario(ctx) -> list[dict]:
+    from bench.runner import _Watchdog, _plain
+
+    cfg = config(ctx.quick)
+    man = _prepare(ctx, cfg)
+    systems = [s for s in ctx.systems if s != "link"]
+    if "link" in ctx.systems:
+        ctx.notes.append("maze: no link row (the job is compute-bound; see the samples "
+                         "scenario for the per-file ceiling)")
+    out_base = Path(ctx.out_dir) / "maze"
+    rows: list[dict] = []
+    results: dict[str, dict] = {}
+    ckpt_digest: dict[str, str] = {}
+    limit = cfg["steps"] * SECONDS_PER_STEP_LIMIT + 600
+
+    for system in systems:
+        ctx.log(f"maze: train on {system} ({cfg['steps']} steps x {cfg['batch_size']})")
+        base = {"scenario": "maze", "system": system}
+        try:
+            with ctx.mount(system) as m, _Watchdog(m, limit):
+                st = m.stats() or {}
+                cpu0 = [_proc_cpu_s(p) for p in [st.get("pid")] + _remote_side_pids(ctx)]
+                r = ctx.measure(m, "train", lambda: _as_row(_train(
+                    ctx, m.root / PREFIX, out_base / system, cfg)))
+                cpu1 = [_proc_cpu_s(p) for p in [st.get("pid")] + _remote_side_pids(ctx)]
+                r["mount"] = _plain(m.info)
+            d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
+            r["daemon_cpu_s"] = d[0]
+            r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
+            res = r.pop("_result")
+            results[system] = res
+            ckpt = Path(res["checkpoint"])
+            ckpt_digest[system] = _upload_checkpoint(ctx, ckpt, f"{PREFIX}/checkpoints/{system}")
+            rows.append({**base, **r})
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # one system failing is a row, not the end of the run
+            msg = f"{type(exc).__name__}: {exc}"
+            ctx.log(f"maze: {system} failed: {msg}")
+            rows.append({**base, "phase": "train", "error": msg[:300]})
+
+    # Compare each run with local: the same bytes in the same order, the same loss curve.
+    ref = results.get("local")
+    for r in rows:
+        res = results.get(r["system"])
+        if res is None or ref is None or "error" in r:
+            continue
+        r["same_bytes_as_local"] = res["bytes_digest"] == ref["bytes_digest"]
+        n = min(len(res["loss_curve"]), len(ref["loss_curve"]))
+        r["loss_max_diff"] = max((abs(a - b) for a, b in
+                                  zip(res["loss_curve"][:n], ref["loss_curve"][:n])), default=None)
+        r["same_weights_as_local"] = ckpt_digest.get(r["system"]) == ckpt_digest.get("local")
+
+    # Cold start: a fresh process loads one checkpoint through each fresh mount.
+    trained = [s for s in systems if s in results]
+    source = next((s for s in trained if s != "local"), trained[0] if trained else None)
+    if source is not None:
+        key_dir = f"{PREFIX}/checkpoints/{source}"
+        local_ckpt = _dataset_dir(ctx) / "checkpoints" / source
+        local_ckpt.mkdir(parents=True, exist_ok=True)
+        for f in Path(results[source]["checkpoint"]).iterdir():
+            (local_ckpt / f.name).write_bytes(f.read_bytes())
+        ctx.notes.append(f"maze ttft: a fresh `python -m bench.maze.ttft` process loads "
+                         f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
+                         "a fresh mount with an empty cache; local: page cache dropped first")
+        for system in systems:
+            base = {"scenario": "maze", "system": system}
+            try:
+                with ctx.mount(system) as m, _Watchdog(m, 600):
+                    ck = m.root / PREFIX / "checkpoints" / source
+                    r = ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / system))
+                rows.append({**base, **r})
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                msg = f"{type(exc).__name__}: {exc}"
+                ctx.log(f"maze ttft: {system} failed: {msg}")
+                rows.append({**base, "phase": "ttft", "error": msg[:300]})
+
+    if results:
+        ctx.notes.extend(_summary(results, rows, cfg, man))
+        try:
+            _plots(ctx, results)
+        except Exception as exc:  # plots are a nicety; never lose the results over them
+            ctx.log(f"maze plots failed: {exc}")
+    return rows
+
+
+def _as_row(res: dict) -> dict:
+    return {"value": res["samples_per_s"], "unit": "samples/s", "bytes": res["bytes_read"],
+            "seconds": res["train_s"], "windows": _windows(res),
+            "stall_fraction": res["stall_fraction"],
+            "accuracy_before": res["accuracy_before"], "accuracy_after": res["accuracy_after"],
+            "bytes_digest": res["bytes_digest"], "cpu_s": res["cpu_s"],
+            "cpu_workers_s": res["cpu_workers_s"], "hints": res["hints"],
+            "steps": res["steps"], "_result": res}
+
+
+def _ttft_row(ckpt: Path, out: Path) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    t = _ttft(ckpt, out)
+    return {"value": t["ttft_s"], "unit": "s ttft", "bytes": t["ckpt_bytes"],
+            "seconds": t["ttft_s"], "load_s": t["load_s"], "first_token_s": t["first_token_s"],
+            "import_s": t["import_s"], "total_s": t["total_s"],
+            "first_token_correct": t["first_token_correct"]}
+
+
+def _summary(results: dict, rows: list[dict], cfg: dict, man: dict) -> list[str]:
+    any_res = next(iter(results.values()))
+    lines = [f"maze: {man['rows']}x{man['cols']} mazes, {man['n_train']} training files "
+             f"(one per maze, layout 'files'), {any_res['n_params'] / 1e6:.2f} M-param LLaMA, "
+             f"{cfg['steps']} steps x {cfg['batch_size']}, {WORKERS} DataLoader workers, "
+             "1 torch thread; the job writes its read order to .neuralcache/hints where it exists"]
+    for r in rows:
+        if r.get("phase") != "train" or "error" in r:
+            continue
+        res = results[r["system"]]
+        parts = [f"maze {r['system']}: {res['samples_per_s']:.1f} samples/s",
+                 f"accuracy {res['accuracy_before']:.1%} -> {res['accuracy_after']:.1%}",
+                 f"CPU: trainer {res['cpu_s']:.0f} s"
+                 + (f", mount daemon {r['daemon_cpu_s']:.0f} s" if r.get("daemon_cpu_s") else "")
+                 + f", SeaweedFS + WAN proxy {r.get('remote_side_cpu_s') or 0:.0f} s"]
+        if "same_bytes_as_local" in r and r["system"] != "local":
+            parts.append("same bytes as local" if r["same_bytes_as_local"]
+                         else "BYTES DIFFER FROM LOCAL")
+            parts.append(f"loss curve max |diff| vs local {r['loss_max_diff']:.3g}")
+            parts.append("same weights" if r["same_weights_as_local"] else "weights differ")
+        lines.append("; ".join(parts))
+    lines += window_table(results, cfg["steps"])
+    return lines
