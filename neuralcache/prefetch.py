@@ -49,6 +49,14 @@ MAX_IDLE_SKIP = 64
 # Floor of prefetch bytes in flight: 16 files of ~100 KB or 2 blocks of 8 MiB.
 MIN_INFLIGHT_BYTES = 16 << 20
 SAFETY = 2.0
+# The first open in a small directory -- a model checkpoint: config.json, weights,
+# tokenizer files -- starts the first block of every sibling at once, so loading the
+# directory costs about one round trip instead of one per file (cold TTFT in the maze
+# bench went from 3 sequential GETs to 1). "Small": at most this many files, and the
+# first blocks together at most SIBLINGS_MAX_BYTES; dataset directories (thousands of
+# samples, or many large shards) are left to the predictor.
+SIBLINGS_MAX_FILES = 16
+SIBLINGS_MAX_BYTES = 64 << 20
 
 
 class Rate:
@@ -83,16 +91,43 @@ class Prefetcher:
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
+        self._warmed_dirs: set[str] = set()
         self.predictor.set_catalog(ns.files_in_order())
 
     def refresh_catalog(self) -> None:
         self.predictor.set_catalog(self.ns.files_in_order())
         self._planned.clear()
+        self._warmed_dirs.clear()
 
     # -- events ------------------------------------------------------------------
     def on_open(self, key: str, size: int, pid: int) -> None:
         self._observe("open", key, 0, 0, pid, size)
+        if self.enabled:
+            self._warm_siblings(key)
         self._pump()
+
+    def _warm_siblings(self, key: str) -> int:
+        """First open in a small directory: start block 0 of each sibling; returns how
+        many loads started."""
+        parent = key.rpartition("/")[0]
+        if parent in self._warmed_dirs:
+            return 0
+        self._warmed_dirs.add(parent)
+        d = self.ns.by_path(parent)
+        if d is None or not d.children or len(d.children) > SIBLINGS_MAX_FILES:
+            return 0
+        budget, started = SIBLINGS_MAX_BYTES, 0
+        for n in sorted(d.children.values(), key=lambda n: n.name):
+            if n.is_dir or n.removed or n.size == 0 or n.key == key:
+                continue
+            pinned = Pinned(n.key, n.version, n.size)
+            nbytes = self.store.block_range(pinned, 0)[1]
+            if nbytes > budget:
+                break
+            if not self.store.cached(pinned, 0) and self.store.prefetch(pinned, 0, lim.PREFETCH):
+                budget -= nbytes
+                started += 1
+        return started
 
     def on_read(self, key: str, off: int, length: int, size: int, pid: int) -> None:
         self._observe("read", key, off, length, pid, size)

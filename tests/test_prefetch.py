@@ -9,7 +9,7 @@ from neuralcache.blocks import BlockStore
 from neuralcache.cache import MemoryTier
 from neuralcache.errors import UserError
 from neuralcache.namespace import Namespace
-from neuralcache.prefetch import EPOCHSET_WHOLE_MAX, Prefetcher
+from neuralcache.prefetch import EPOCHSET_WHOLE_MAX, SIBLINGS_MAX_FILES, Prefetcher
 from neuralcache.stats import Stats
 
 P = namedtuple("P", "path offset length eta_s prob source")
@@ -71,7 +71,7 @@ def test_epochset_guess_on_a_big_file_fetches_only_its_first_block():
     ns, be, store, pf = setup([P("big", 0, big, 1.0, 0.01, "epochset"),
                                P("small", 0, 1000, 1.0, 0.01, "epochset")],
                               [("big", big), ("small", 1000)])
-    run(store, lambda: pf.on_open("other", 1, 1))
+    run(store, lambda: pf.on_open("elsewhere/other", 1, 1))
     assert sorted(be.calls) == [("big", 0, BS), ("small", 0, 1000)]
 
 
@@ -80,7 +80,7 @@ def test_weak_ordered_predictions_are_cut_but_epochset_is_not():
                                P("b", 0, 10, 1.0, 0.9, "stride"),
                                P("c", 0, 10, 1.0, 0.01, "epochset")],
                               [("a", 10), ("b", 10), ("c", 10)])
-    run(store, lambda: pf.on_open("x", 1, 1))
+    run(store, lambda: pf.on_open("elsewhere/x", 1, 1))
     assert sorted(k for k, _, _ in be.calls) == ["b", "c"]
 
 
@@ -98,3 +98,23 @@ def test_bad_hints_are_a_user_error_and_change_nothing():
         pf.set_hints(["a", "bad"])
     assert pf.hints_set == 0
     assert pf.set_hints(["a"]) == 1 and pf.predictor.hints == ["a"]
+
+
+def test_first_open_in_a_small_directory_starts_every_sibling():
+    """A checkpoint directory loads in about one round trip, not one per file."""
+    objs = [("ckpt/config.json", 700), ("ckpt/generation_config.json", 100),
+            ("ckpt/model.safetensors", 3 * BS), ("data/a", 10)]
+    ns, be, store, pf = setup([], objs)
+    run(store, lambda: pf.on_open("ckpt/config.json", 700, 1))
+    assert sorted(be.calls) == [("ckpt/generation_config.json", 0, 100),
+                                ("ckpt/model.safetensors", 0, BS)]   # first block only
+    be.calls.clear()
+    run(store, lambda: pf.on_open("ckpt/generation_config.json", 100, 1))
+    assert be.calls == []                      # once per directory
+
+
+def test_large_directories_are_left_to_the_predictor():
+    objs = [(f"d/{i:03d}", 10) for i in range(SIBLINGS_MAX_FILES + 1)]
+    ns, be, store, pf = setup([], objs)
+    run(store, lambda: pf.on_open("d/000", 10, 1))
+    assert be.calls == []
