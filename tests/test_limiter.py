@@ -71,3 +71,43 @@ def test_cancelled_waiter_leaves_no_slot_behind():
         assert L.busy == 0
 
     trio.run(main)
+
+
+def test_many_waiters_go_in_priority_then_arrival_order():
+    """1,000 queued waiters, some cancelled and some raised while waiting: grants follow
+    (priority, arrival) exactly, and the waiting count ends at zero."""
+    order = []
+
+    async def main():
+        L = lim.PriorityLimiter(total=1, reserved_for_demand=0)
+        first = L.ticket(lim.DEMAND)
+        await L.acquire(first)                      # hold the only slot
+        tickets, scopes = {}, {}
+
+        async def job(i, prio, task_status=trio.TASK_STATUS_IGNORED):
+            with trio.CancelScope() as cs:
+                scopes[i] = cs
+                t = tickets[i] = L.ticket(prio)
+                task_status.started()
+                await L.acquire(t)
+                order.append(i)
+                L.release()
+
+        async with trio.open_nursery() as n:
+            for i in range(1000):
+                await n.start(job, i, (lim.PREFETCH, lim.READAHEAD)[i % 2])
+            await trio.sleep(0.01)
+            assert L.waiting == 1000
+            for i in range(0, 1000, 7):
+                scopes[i].cancel()
+            for i in range(0, 1000, 10):
+                L.raise_priority(tickets[i], lim.DEMAND)
+            await trio.sleep(0.01)
+            L.release()
+        live = [i for i in range(1000) if i % 7]
+        prio = {i: (lim.DEMAND if i % 10 == 0 else (lim.PREFETCH, lim.READAHEAD)[i % 2])
+                for i in live}
+        assert order == sorted(live, key=lambda i: (prio[i], i))
+        assert L.waiting == 0 and L.busy == 0
+
+    trio.run(main)
