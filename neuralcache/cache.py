@@ -219,7 +219,12 @@ class DiskTier:
                 return False
             if name in self._index:
                 return True
-        self._evict_to(self.limit - len(data))
+            # Reserve the space under the lock: concurrent writers each evicting "to the
+            # limit minus my block" and then adding overshot the limit (CI soak test).
+            victims = self._take_victims(self.limit - len(data))
+            self.used += len(data)
+        for v in victims:
+            _unlink(self._path(v))
         path = self._path(name)
         tmp = f"{path}.{threading.get_ident()}.tmp"
         header = _HEADER.pack(_MAGIC, 0, len(data), xxhash.xxh3_64_intdigest(data), 0)
@@ -236,6 +241,7 @@ class DiskTier:
             os.replace(tmp, path)
         except OSError as exc:
             with self._lock:
+                self.used -= len(data)             # give the reservation back
                 self.write_errors += 1
                 self._retry_at = time.monotonic() + self.write_retry_s
                 first = self.writable
@@ -252,8 +258,9 @@ class DiskTier:
             log.warning("disk cache writes succeed again; caching resumed")
         with self._lock:
             if name not in self._index:
-                self._index[name] = len(data)
-                self.used += len(data)
+                self._index[name] = len(data)      # its bytes were reserved above
+            else:
+                self.used -= len(data)             # another thread stored it meanwhile
             self._owner[name] = bk.key
         return True
 
@@ -273,17 +280,23 @@ class DiskTier:
                 best, best_rank = name, r
         return best
 
+    def _take_victims(self, target: int) -> list[str]:
+        """Drop index entries until ``used <= target``; the caller holds the lock and
+        unlinks the returned names after releasing it."""
+        victims = []
+        while self.used > target:
+            name = self._pick_victim()
+            if name is None:
+                break
+            self.used -= self._index.pop(name)
+            self._owner.pop(name, None)
+            victims.append(name)
+        return victims
+
     def _evict_to(self, target: int) -> None:
-        while True:
-            with self._lock:
-                if self.used <= target:
-                    return
-                name = self._pick_victim()
-                if name is None:
-                    return
-                size = self._index.pop(name)
-                self._owner.pop(name, None)
-                self.used -= size
+        with self._lock:
+            victims = self._take_victims(target)
+        for name in victims:
             _unlink(self._path(name))
 
     def verify_all(self) -> tuple[int, int]:
