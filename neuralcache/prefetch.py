@@ -211,7 +211,8 @@ class Prefetcher:
             if inflight >= target or unread >= self.budget:
                 break
             if p.offset == 0 and p.path in self._planned:
-                lead += not started
+                if not started:
+                    lead += 1
                 continue         # the whole file is already cached or on its way
             node = self.ns.by_path(p.path)
             if node is None or node.is_dir or node.removed:
