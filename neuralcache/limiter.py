@@ -32,7 +32,8 @@ class PriorityLimiter:
     """Waiters sit in a heap ordered by (priority, arrival); a cancelled waiter or one
     whose priority was raised leaves a stale heap entry that dispatch skips, so every
     operation is O(log n) -- thousands of queued prefetches made a linear scan per
-    grant the daemon's top CPU cost (profiled on the maze bench's 250-byte files)."""
+    grant the daemon's top CPU cost on the maze bench's 250-byte files
+    (``python -m bench.micro prefetch-cpu``)."""
 
     def __init__(self, total: int, reserved_for_demand: int):
         if total < 1 or not 0 <= reserved_for_demand < total:
