@@ -9,7 +9,7 @@
 #                                 solve mazes from one small file per maze, read from
 #                                 local disk, through NeuralCache and through rclone;
 #                                 then cold time-to-first-token per system (~10 min)
-#   scripts/demo.sh --maze --full the same to >= 95 % accuracy (~20 CPU-min per system)
+#   scripts/demo.sh --maze --full the same to >= 95 % accuracy (~1 hour)
 #
 # Other arguments go to `python -m bench run`, e.g. --systems local,neuralcache,rclone
 set -euo pipefail
