@@ -131,10 +131,14 @@ class Ctx:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # one system failing is a row, not the end of the run
-                msg = f"{type(exc).__name__}: {exc}"
-                self.log(f"{scenario}: {system} failed: {msg}")
-                rows.append({**base, "phase": "-", "error": msg[:300]})
+                rows.append(self.error_row(base, "-", exc))
         return rows
+
+    def error_row(self, base: dict, phase: str, exc: Exception) -> dict:
+        """Log a system's failure and return it as a table row."""
+        msg = f"{type(exc).__name__}: {exc}"
+        self.log(f"{base['scenario']}: {base['system']} failed: {msg}")
+        return {**base, "phase": phase, "error": msg[:300]}
 
 
 def _plain(info: dict) -> dict:

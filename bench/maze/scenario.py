@@ -232,9 +232,7 @@ def scenario(ctx) -> list[dict]:
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # one system failing is a row, not the end of the run
-            msg = f"{type(exc).__name__}: {exc}"
-            ctx.log(f"maze: {system} failed: {msg}")
-            rows.append({**base, "phase": "train", "error": msg[:300]})
+            rows.append(ctx.error_row(base, "train", exc))
 
     # Compare each run with local: the same bytes in the same order, the same loss curve.
     ref = results.get("local")
@@ -270,9 +268,7 @@ def scenario(ctx) -> list[dict]:
             except KeyboardInterrupt:
                 raise
             except Exception as exc:
-                msg = f"{type(exc).__name__}: {exc}"
-                ctx.log(f"maze ttft: {system} failed: {msg}")
-                rows.append({**base, "phase": "ttft", "error": msg[:300]})
+                rows.append(ctx.error_row(base, "ttft", exc))
 
     if results:
         ctx.notes.extend(_summary(results, rows, cfg, man))
