@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
+import shutil
 import subprocess
 import sys
 import time
@@ -31,8 +31,9 @@ from pathlib import Path
 import xxhash
 
 from bench import datasets
+from bench.seqread import cpu_seconds
 
-from . import config, prepare
+from . import config, data, prepare
 
 PREFIX = "maze"
 # DataLoader worker processes. Four keep rclone's per-file round trips (one at a time per
@@ -46,6 +47,10 @@ WINDOW = 10
 SECONDS_PER_STEP_LIMIT = 3.0
 
 
+def _limit_s(cfg: dict) -> float:
+    return cfg["steps"] * SECONDS_PER_STEP_LIMIT + 600
+
+
 def _dataset_dir(ctx) -> Path:
     return Path(ctx.data_dir) / PREFIX
 
@@ -55,10 +60,11 @@ def _prepare(ctx, cfg: dict) -> dict:
     root = _dataset_dir(ctx)
     man_path = root / "manifest.json"
     want = {k: cfg[k] for k in ("rows", "cols", "n_train", "shard_size")}
+    want.update(seed=ctx.seed, answer_format=cfg["fmt"])
     man = None
     with contextlib.suppress(OSError, ValueError):
-        man = json.loads(man_path.read_text())
-        if any(man.get(k) != v for k, v in want.items()) or man.get("seed") != ctx.seed:
+        man = data.load_manifest(root)
+        if any(man.get(k) != v for k, v in want.items()):
             man = None
     t0 = time.monotonic()
     if man is None:
@@ -83,7 +89,7 @@ def _train(ctx, root: Path, out: Path, cfg: dict) -> dict:
            "--window", str(WINDOW), "--seed", str(ctx.seed), "--hints", "--out", str(out)]
     with open(out / "train.log", "wb") as log:
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=log,
-                           timeout=cfg["steps"] * SECONDS_PER_STEP_LIMIT + 600)
+                           timeout=_limit_s(cfg))
     if r.returncode != 0:
         tail = (out / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
         raise RuntimeError(f"training exited {r.returncode}: {tail[0] if tail else '?'}")
@@ -110,15 +116,15 @@ def _upload_checkpoint(ctx, ckpt: Path, key_prefix: str) -> str:
     return digest
 
 
-def _proc_cpu_s(pid: int | None) -> float | None:
-    """utime + stime of one process (Linux /proc), None if it is gone."""
-    if not pid:
-        return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_s(pids: list[int | None]) -> list[float | None]:
+    """utime + stime per process (None for a missing or finished one)."""
+    out = []
+    for pid in pids:
+        try:
+            out.append(cpu_seconds(pid) if pid else None)
+        except (OSError, IndexError, ValueError):
+            out.append(None)
+    return out
 
 
 def _remote_side_pids(ctx) -> list[int]:
@@ -208,18 +214,20 @@ def scenario(ctx) -> list[dict]:
     rows: list[dict] = []
     results: dict[str, dict] = {}
     ckpt_digest: dict[str, str] = {}
-    limit = cfg["steps"] * SECONDS_PER_STEP_LIMIT + 600
+    limit = _limit_s(cfg)
 
     for system in systems:
         ctx.log(f"maze: train on {system} ({cfg['steps']} steps x {cfg['batch_size']})")
         base = {"scenario": "maze", "system": system}
         try:
             with ctx.mount(system) as m, _Watchdog(m, limit):
-                st = m.stats() or {}
-                cpu0 = [_proc_cpu_s(p) for p in [st.get("pid")] + _remote_side_pids(ctx)]
+                # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
+                pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
+                pids += _remote_side_pids(ctx)
+                cpu0 = _cpu_s(pids)
                 r = ctx.measure(m, "train", lambda: _as_row(_train(
                     ctx, m.root / PREFIX, out_base / system, cfg)))
-                cpu1 = [_proc_cpu_s(p) for p in [st.get("pid")] + _remote_side_pids(ctx)]
+                cpu1 = _cpu_s(pids)
                 r["mount"] = _plain(m.info)
             d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
             r["daemon_cpu_s"] = d[0]
@@ -238,7 +246,7 @@ def scenario(ctx) -> list[dict]:
     ref = results.get("local")
     for r in rows:
         res = results.get(r["system"])
-        if res is None or ref is None or "error" in r:
+        if res is None or ref is None or "error" in r or r["system"] == "local":
             continue
         r["same_bytes_as_local"] = res["bytes_digest"] == ref["bytes_digest"]
         n = min(len(res["loss_curve"]), len(ref["loss_curve"]))
@@ -252,9 +260,7 @@ def scenario(ctx) -> list[dict]:
     if source is not None:
         key_dir = f"{PREFIX}/checkpoints/{source}"
         local_ckpt = _dataset_dir(ctx) / "checkpoints" / source
-        local_ckpt.mkdir(parents=True, exist_ok=True)
-        for f in Path(results[source]["checkpoint"]).iterdir():
-            (local_ckpt / f.name).write_bytes(f.read_bytes())
+        shutil.copytree(results[source]["checkpoint"], local_ckpt, dirs_exist_ok=True)
         ctx.notes.append(f"maze ttft: a fresh `python -m bench.maze.ttft` process loads "
                          f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
                          "a fresh mount with an empty cache; local: page cache dropped first")
@@ -313,7 +319,7 @@ def _summary(results: dict, rows: list[dict], cfg: dict, man: dict) -> list[str]
                  f"CPU: trainer {res['cpu_s']:.0f} s"
                  + (f", mount daemon {r['daemon_cpu_s']:.0f} s" if r.get("daemon_cpu_s") else "")
                  + f", SeaweedFS + WAN proxy {r.get('remote_side_cpu_s') or 0:.0f} s"]
-        if "same_bytes_as_local" in r and r["system"] != "local":
+        if "same_bytes_as_local" in r:
             parts.append("same bytes as local" if r["same_bytes_as_local"]
                          else "BYTES DIFFER FROM LOCAL")
             parts.append(f"loss curve max |diff| vs local {r['loss_max_diff']:.3g}")
