@@ -254,14 +254,13 @@ class DiskTier:
             resumed = retrying and not self.writable
             if resumed:
                 self.writable = True
-        if resumed:
-            log.warning("disk cache writes succeed again; caching resumed")
-        with self._lock:
             if name not in self._index:
                 self._index[name] = len(data)      # its bytes were reserved above
             else:
                 self.used -= len(data)             # another thread stored it meanwhile
             self._owner[name] = bk.key
+        if resumed:
+            log.warning("disk cache writes succeed again; caching resumed")
         return True
 
     def _pick_victim(self) -> str | None:
@@ -302,7 +301,9 @@ class DiskTier:
     def verify_all(self) -> tuple[int, int]:
         """Check every indexed block's checksum, dropping bad ones: (good, bad)."""
         good = bad = 0
-        for name in list(self._index):
+        with self._lock:
+            names = list(self._index)
+        for name in names:
             path = self._path(name)
             try:
                 ok = self._read_checked(path)[0] is not None

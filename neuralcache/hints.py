@@ -38,7 +38,7 @@ def find_mount_root(path: str) -> str | None:
 def _relative(root: str, path: str) -> str:
     if os.path.isabs(path):
         rel = os.path.relpath(path, root)
-        if rel.startswith(".."):
+        if rel == os.pardir or rel.startswith(os.pardir + os.sep):
             raise HintError(f"{path} is not inside the mount {root}")
         return rel
     return path

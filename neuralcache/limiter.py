@@ -94,6 +94,8 @@ class PriorityLimiter:
             heapq.heappop(heap)
             t.queued = False
             self._waiting -= 1
+            if not self._waiting:
+                heap.clear()      # only stale entries (cancelled, re-prioritised) remain
             self.busy += 1
             t.granted = True
             t.event.set()

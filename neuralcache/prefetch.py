@@ -123,6 +123,9 @@ class Prefetcher:
         d = self.ns.by_path(parent)
         if d is None or not d.children or len(d.children) > SIBLINGS_MAX_FILES:
             return 0
+        if (self.store.speculative_unread_bytes() >= self.budget
+                or self.store.speculative_inflight_bytes() >= self.inflight_target()):
+            return 0             # the same budgets as every other prefetch
         budget, started = SIBLINGS_MAX_BYTES, 0
         for n in sorted(d.children.values(), key=lambda n: n.name):
             if n.is_dir or n.removed or n.size == 0 or n.key == key:
@@ -236,7 +239,7 @@ class Prefetcher:
                 if inflight >= target or unread >= self.budget:
                     break
             else:
-                if whole:
+                if whole and last == self.store.nblocks(pinned) - 1:
                     if not started:
                         lead += 1
                     self._planned.add(p.path)   # every block cached or on its way

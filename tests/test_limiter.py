@@ -111,3 +111,27 @@ def test_many_waiters_go_in_priority_then_arrival_order():
         assert L.waiting == 0 and L.busy == 0
 
     trio.run(main)
+
+
+def test_no_stale_entries_left_once_nobody_waits():
+    async def main():
+        L = lim.PriorityLimiter(total=1, reserved_for_demand=0)
+        await L.acquire(L.ticket(lim.DEMAND))
+        waiters = []
+
+        async def job(prio):
+            t = L.ticket(prio)
+            waiters.append(t)
+            await L.acquire(t)
+            L.release()
+
+        async with trio.open_nursery() as n:
+            for _ in range(5):
+                n.start_soon(job, lim.PREFETCH)
+            await trio.sleep(0.01)
+            for t in waiters:
+                L.raise_priority(t, lim.READAHEAD)    # each leaves a stale entry
+            L.release()
+        assert L.waiting == 0 and L._heap == []
+
+    trio.run(main)
