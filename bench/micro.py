@@ -90,10 +90,10 @@ def prefetch_cpu(n_files: int, n_opens: int) -> None:
     import trio
 
     from neuralcache.backends.base import ObjectInfo
-    from neuralcache.blocks import BlockStore
-    from neuralcache.cache import MemoryTier
+    from neuralcache.store.blocks import BlockStore
+    from neuralcache.store.tiers import MemoryTier
     from neuralcache.namespace import Namespace
-    from neuralcache.prefetch import Prefetcher
+    from neuralcache.ahead.prefetch import Prefetcher
     from neuralcache.stats import Stats
     from predictors.ensemble import make_default_predictor
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neuralcache.sizes import parse_size
+from neuralcache.admin.sizes import parse_size
 
 from .seaweed import SeaweedServer
 from .wan import WanProxyProcess

@@ -2,7 +2,7 @@
 serves until unmounted or signalled, then unmounts cleanly.
 
 ``serve(cfg, on_ready)`` is the only entry point; the CLI runs it in the foreground or
-in a detached child that reports readiness over a pipe (see cli.py).  Readiness is also
+in a detached child that reports readiness over a pipe (see admin/cli.py).  Readiness is also
 sent to systemd (``READY=1`` on $NOTIFY_SOCKET) when run as a Type=notify service.
 """
 from __future__ import annotations
@@ -20,18 +20,19 @@ import trio
 import xxhash
 from predictors import make_default_predictor
 
-from . import control, mounts
+from .fs import control
+from .admin import mounts
 from .backends import open_backend
 from .backends.s3 import describe_check_error
-from .blocks import BlockStore
-from .cache import DiskTier, MemoryTier
-from .config import MountConfig
+from .store.blocks import BlockStore
+from .store.tiers import DiskTier, MemoryTier
+from .admin.config import MountConfig
 from .errors import BackendError, UserError
-from .fuse_ops import Operations
+from .fs.operations import Operations
 from .namespace import Namespace
-from .prefetch import Prefetcher
+from .ahead.prefetch import Prefetcher
 from .stats import Stats
-from .trace import TraceRing
+from .fs.trace import TraceRing
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +212,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
 
     metrics = None
     if cfg.metrics_port:
-        from .metrics import Metrics
+        from .admin.metrics import Metrics
 
         metrics = Metrics(snapshot)
         try:

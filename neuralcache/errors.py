@@ -1,4 +1,4 @@
-"""Domain errors.  Backends raise these; the FUSE edge (fuse_ops.py) maps them to errno
+"""Domain errors.  Backends raise these; the FUSE edge (fs/operations.py) maps them to errno
 with its one table; the CLI prints ``UserError`` as one line without a traceback."""
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ class Stats:
     disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
     latencies: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
-    # Optional histograms (metrics.py), fed when the metrics endpoint is on.
+    # Optional histograms (admin/metrics.py), fed when the metrics endpoint is on.
     backend_hist: object = None
     read_hist: object = None
     _sorted: list = field(default_factory=list)

@@ -4,10 +4,10 @@ import time
 
 import trio
 
-from neuralcache import limiter as lim
+from neuralcache.store import limiter as lim
 from neuralcache.backends.posix import PosixBackend
-from neuralcache.blocks import BlockStore, Pinned
-from neuralcache.cache import BlockKey, DiskTier, MemoryTier
+from neuralcache.store.blocks import BlockStore, Pinned
+from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
 from neuralcache.errors import NotFound
 from neuralcache.stats import Stats
 

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from neuralcache.cache import BlockKey, DiskTier, MemoryTier
+from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
 
 
 def test_memory_tier_is_bounded_in_bytes():
@@ -127,7 +127,7 @@ def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkey
     turn caching back on (CI saw one outage logged twice); only the retry does."""
     import errno
     import threading
-    import neuralcache.cache as cache_mod
+    import neuralcache.store.tiers as cache_mod
     d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=60)
     d.load()
     slow, fail = BlockKey("slow", "v", 0), BlockKey("fail", "v", 0)

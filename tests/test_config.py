@@ -1,10 +1,10 @@
 """Sizes, options and CLI input errors (no mount needed)."""
 import pytest
 
-from neuralcache import cli
-from neuralcache.config import parse_o_options
+from neuralcache.admin import cli
+from neuralcache.admin.config import parse_o_options
 from neuralcache.errors import UserError
-from neuralcache.sizes import format_size, parse_size
+from neuralcache.admin.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize("text,value", [

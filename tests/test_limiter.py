@@ -1,7 +1,7 @@
 """Priority limiter: demand first, reserved slots, priority raise."""
 import trio
 
-from neuralcache import limiter as lim
+from neuralcache.store import limiter as lim
 
 
 def test_demand_goes_before_queued_prefetch_and_reserve_holds():

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import (NEURALCACHE, cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket,
                       payload, run_cli, upload_tree)
-from neuralcache.metrics import exported_names
+from neuralcache.admin.metrics import exported_names
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = {f"d/{i:03d}.bin": payload(500 + i, 50_000 + i) for i in range(40)}
@@ -52,14 +52,14 @@ def test_systemd_unit_verifies(tmp_path):
 
 
 def test_example_config_is_valid():
-    from neuralcache.config import load_config_file
+    from neuralcache.admin.config import load_config_file
 
     cfg = load_config_file(str(REPO / "systemd" / "example.toml"))
     assert cfg["source"].startswith("s3://") and cfg["cache_size"] == 500 << 30
 
 
 def test_config_unknown_key_is_named(tmp_path):
-    from neuralcache.config import load_config_file
+    from neuralcache.admin.config import load_config_file
     from neuralcache.errors import UserError
 
     f = tmp_path / "c.toml"
@@ -173,7 +173,7 @@ def test_metrics_endpoint_and_dashboard(seaweed, bucket, tmp_path):
 
 
 def test_metrics_bound_to_loopback_by_default():
-    from neuralcache.config import MountConfig
+    from neuralcache.admin.config import MountConfig
 
     assert MountConfig().metrics_addr == "127.0.0.1" and MountConfig().metrics_port is None
 

@@ -5,11 +5,11 @@ import pytest
 import trio
 
 from neuralcache.backends.base import ObjectInfo
-from neuralcache.blocks import BlockStore
-from neuralcache.cache import MemoryTier
+from neuralcache.store.blocks import BlockStore
+from neuralcache.store.tiers import MemoryTier
 from neuralcache.errors import UserError
 from neuralcache.namespace import Namespace
-from neuralcache.prefetch import EPOCHSET_WHOLE_MAX, SIBLINGS_MAX_FILES, Prefetcher
+from neuralcache.ahead.prefetch import EPOCHSET_WHOLE_MAX, SIBLINGS_MAX_FILES, Prefetcher
 from neuralcache.stats import Stats
 
 P = namedtuple("P", "path offset length eta_s prob source")

@@ -1,5 +1,5 @@
 """Read-ahead window logic (pure)."""
-from neuralcache.readahead import ReadAhead
+from neuralcache.ahead.readahead import ReadAhead
 
 BS = 1 << 20
 

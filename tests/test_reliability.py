@@ -17,7 +17,7 @@ from bench.seaweed import SeaweedServer
 from bench.wan import WanProxy
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
-from neuralcache.cache import DiskTier
+from neuralcache.store.tiers import DiskTier
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
 MB = 1 << 20

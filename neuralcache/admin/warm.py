@@ -15,8 +15,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from . import control
-from .errors import UserError
+from ..fs import control
+from ..errors import UserError
 from .sizes import format_size
 
 # Files read at once: enough to keep ~16 round trips in flight for small files while

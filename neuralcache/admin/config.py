@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 
-from .blocks import DEFAULT_BLOCK_SIZE, DEFAULT_CONCURRENCY
-from .errors import UserError
-from .readahead import DEFAULT_MAX_BYTES
+from ..store.blocks import DEFAULT_BLOCK_SIZE, DEFAULT_CONCURRENCY
+from ..errors import UserError
+from ..ahead.readahead import DEFAULT_MAX_BYTES
 from .sizes import parse_size
 
 

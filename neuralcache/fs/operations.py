@@ -18,11 +18,11 @@ import pyfuse3
 import trio
 
 from . import control
-from .blocks import BlockStore, Pinned
-from .errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
-from .namespace import ROOT_INODE, Namespace, Node
-from .readahead import ReadAhead
-from .stats import Stats
+from ..store.blocks import BlockStore, Pinned
+from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
+from ..namespace import ROOT_INODE, Namespace, Node
+from ..ahead.readahead import ReadAhead
+from ..stats import Stats
 from .trace import TraceRing
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Callable
 
 import pyfuse3
 
-from .errors import UserError
+from ..errors import UserError
 
 DIRNAME = ".neuralcache"
 DIR_INODE = 2
@@ -31,7 +31,7 @@ HINTS_INODE = 4
 TRACE_INODE = 5
 _FILES = {"stats.json": STATS_INODE, "hints": HINTS_INODE, "trace": TRACE_INODE}
 _MODES = {STATS_INODE: 0o444, HINTS_INODE: 0o600, TRACE_INODE: 0o400}
-# Extended attributes of regular files (fuse_ops.getxattr; read by `neuralcache warm`).
+# Extended attributes of regular files (operations.getxattr; read by `neuralcache warm`).
 XATTR_CACHED = "user.neuralcache.cached"      # bytes of the file held by the caches
 XATTR_VERSION = "user.neuralcache.version"    # ETag or size:mtime the next open pins
 # Largest hint file accepted: 64 MiB holds an epoch order of ~1M paths of ~60 bytes.

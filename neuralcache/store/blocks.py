@@ -22,9 +22,9 @@ import lru
 import trio
 
 from . import limiter as lim
-from .cache import BlockKey, DiskTier, MemoryTier
-from .errors import BackendError, Unavailable
-from .stats import Stats
+from .tiers import BlockKey, DiskTier, MemoryTier
+from ..errors import BackendError, Unavailable
+from ..stats import Stats
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,11 @@ import subprocess
 import sys
 import time
 
-from . import __version__, control, mounts
+from .. import __version__
+from ..fs import control
+from . import mounts
 from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
-from .errors import UserError
+from ..errors import UserError
 from .sizes import format_size
 
 READY_FD_ENV = "NEURALCACHE_READY_FD"
@@ -121,7 +123,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
-    from .daemon import serve   # imports pyfuse3: only when mounting
+    from ..daemon import serve   # imports pyfuse3: only when mounting
 
     log_file = None
     if ready_fd is not None:

@@ -21,10 +21,10 @@ import time
 
 from predictors.events import Event
 
-from . import limiter as lim
-from .blocks import BlockStore, Pinned
-from .errors import UserError
-from .namespace import Namespace
+from ..store import limiter as lim
+from ..store.blocks import BlockStore, Pinned
+from ..errors import UserError
+from ..namespace import Namespace
 
 log = logging.getLogger(__name__)
 
