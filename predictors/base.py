@@ -3,10 +3,13 @@
 Semantics of a Prediction (what the daemon's prefetch scheduler may rely on):
 
 * ``eta_s``  expected seconds from now until the range is first read;
-* ``prob``   probability that the range is read within the next ``PROB_HORIZON_OPENS``
-  file opens (for ordered predictors this is their measured hit rate; for "one of the
-  R unread members of the epoch" it is about ``PROB_HORIZON_OPENS / R``), so a scheduler
-  can cut low-probability items when cache or bandwidth is short;
+* ``prob``   probability that the range is read at all before it would be evicted: for
+  ordered predictors (hints, stride, successor), whose lookahead is a few dozen
+  opens (ensemble.py sizes it by Little's law), their measured hit rate; for "one of the unread
+  members of this epoch", the chance that the working set is right (every member is
+  read this epoch; ``eta_s`` says when).  A scheduler cuts low-probability items;
+* ``length`` the bytes the predictor means (a whole file, or only its head when it
+  cannot say how much of a large file will be read);
 * lists are ranked best first (soonest needed, then most probable).
 """
 from __future__ import annotations
@@ -14,10 +17,6 @@ from __future__ import annotations
 from typing import Iterable, NamedTuple, Protocol, runtime_checkable
 
 from .events import Event
-
-# Horizon that `prob` refers to. 64 opens ~ 8 loader workers x prefetch_factor 2 x 4
-# samples: about what a DataLoader has in flight, i.e. what a prefetch must beat.
-PROB_HORIZON_OPENS = 64
 
 # Weight of a new inter-open gap in the EWMA rate estimate; 1/32 averages over about
 # one batch of opens of a typical 32-sample DataLoader batch.

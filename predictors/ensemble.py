@@ -10,8 +10,8 @@ Policy per pattern class (see predictors/classifier.py for the classes):
     sequential, strided -> StridePredictor        depth = Little's law (below)
     repeated            -> SuccessorPredictor     depth = Little's law
     shuffled            -> EpochSetPredictor      depth = max_items (no order to exploit;
-                                                  prob ~ horizon/remaining lets the
-                                                  scheduler cut)
+                                                  every member is read this epoch, the
+                                                  byte budgets bound what is fetched)
     random              -> no cross-file prefetch
 Within-file continuations (SeqReadPredictor) come first in every case. Each prediction's
 prob is the sub-predictor's prob times the classifier's probability for the class.
@@ -92,13 +92,21 @@ class EnsemblePredictor:
         """Validate and install an explicit upcoming order (ValueError, nothing changed,
         if any entry is bad)."""
         self.hints.set_hints(paths)
+        self.epochset.clear_planned()     # a new order is planned afresh
 
     def clear_hints(self) -> None:
         self.hints.clear_hints()
+        self.epochset.clear_planned()
 
+    # The record of whole files the caller (the daemon's scheduler) has cached or on
+    # their way: kept once, by the epoch-set predictor, which also clears it at every
+    # epoch boundary (files evicted since may be wanted again) and skips them.
     def note_planned(self, path: str) -> None:
         """The daemon has ``path`` cached or on its way: candidate lists skip it."""
         self.epochset.note_planned(path)
+
+    def is_planned(self, path: str) -> bool:
+        return self.epochset.is_planned(path)
 
     def observe(self, ev: Event) -> None:
         for p in self._parts():

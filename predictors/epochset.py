@@ -1,8 +1,12 @@
 """Shuffled epochs over a working set: each member is read once per epoch in an unknown
 order, so the members not yet read this epoch are the candidates.
 
-prob of each is about PROB_HORIZON_OPENS / remaining (chance it is among the next
-opens), eta the expected wait for a uniformly placed member ((remaining+1)/2 opens).
+Every unread member will be read this epoch, so each prediction's prob is the chance
+of being read at all this epoch (1.0 once the working set is known, FIRST_EPOCH_PROB_SCALE
+while it is guessed) and eta, the expected wait for a uniformly placed member
+((remaining+1)/2 opens), says that it is not needed soon.  A guess says a file will be
+read, not how much of it: a member larger than WHOLE_FILE_MAX is predicted as its head
+only (HEAD_BYTES), and read-ahead fetches the rest once the file is read.
 They are listed in listing order so that successive predictions are stable (a
 scheduler working down the list makes progress instead of chasing a reshuffled list).
 In the first epoch the working set is unknown: the unread part of the catalog under the
@@ -17,7 +21,7 @@ from typing import Iterable
 
 import numpy as np
 
-from .base import PROB_HORIZON_OPENS, Catalog, OpenRate, Prediction, whole_file
+from .base import Catalog, OpenRate, Prediction, whole_file
 from .epoch import EpochTracker
 from .events import Event
 
@@ -26,6 +30,13 @@ from .events import Event
 FIRST_EPOCH_PROB_SCALE = 0.5
 # Chunk of the membership mask scanned per step when collecting candidates.
 SCAN_CHUNK = 8192
+# Members up to this size are predicted whole; larger ones by their head only: fio's
+# random reads over 256 MiB files made whole-file guesses fetch the dataset twice
+# (prefetch precision 0.04 in bench/).
+WHOLE_FILE_MAX = 32 << 20
+# The head of a large member: the first FUSE read request of a file (1 MiB, the largest
+# the kernel sends), so the scheduler fetches the block holding it.
+HEAD_BYTES = 1 << 20
 
 
 class EpochSetPredictor:
@@ -41,7 +52,9 @@ class EpochSetPredictor:
         self.tracker.set_catalog(self.catalog)
         n = len(self.catalog)
         self.unread = np.ones(n, dtype=bool)     # candidates: members not read this epoch
-        self.planned = np.zeros(n, dtype=bool)   # already fetched/scheduled by the caller
+        # Whole files the caller has cached or on their way this epoch (the one record
+        # of that: the daemon's scheduler asks is_planned() instead of keeping its own)
+        self.planned = np.zeros(n, dtype=bool)
         self.remaining = n
         self.first_epoch = True
         self.scope: str | None = None      # directory prefix ("" = everything) or None
@@ -65,10 +78,6 @@ class EpochSetPredictor:
             lo = bisect.bisect_left(paths, new)
             hi = bisect.bisect_left(paths, new[:-1] + chr(ord("/") + 1)) if new else len(paths)
             self.scope_range = (lo, hi)
-
-    def in_scope_remaining(self) -> int:
-        lo, hi = self.scope_range
-        return int(self.unread[lo:hi].sum())
 
     def observe(self, ev: Event) -> None:
         if ev.op == "open":
@@ -97,6 +106,13 @@ class EpochSetPredictor:
         if i is not None:
             self.planned[i] = True
 
+    def is_planned(self, path: str) -> bool:
+        i = self.catalog.index.get(path)
+        return i is not None and bool(self.planned[i])
+
+    def clear_planned(self) -> None:
+        self.planned[:] = False
+
     def _mark_read(self, path: str) -> None:
         i = self.catalog.index.get(path)
         if i is not None and self.unread[i]:
@@ -107,7 +123,7 @@ class EpochSetPredictor:
         r = self.remaining
         if r <= 0 or max_items <= 0:
             return []
-        prob = min(1.0, PROB_HORIZON_OPENS / r) * prob_scale
+        prob = prob_scale
         if self.first_epoch:
             prob *= FIRST_EPOCH_PROB_SCALE
         eta = self.rate.eta((r + 1) / 2)
@@ -119,7 +135,9 @@ class EpochSetPredictor:
             stop = min(hi, start + SCAN_CHUNK)
             for i in np.flatnonzero(u[start:stop] & ~pl[start:stop]).tolist():
                 j = start + i
-                out.append(whole_file(cat, cat.paths[j], eta, prob, self.name, cat.sizes[j]))
+                size = cat.sizes[j]
+                out.append(whole_file(cat, cat.paths[j], eta, prob, self.name,
+                                      size if size <= WHOLE_FILE_MAX else HEAD_BYTES))
                 if len(out) >= max_items:
                     return out
         return out

@@ -9,7 +9,7 @@ from neuralcache.store.blocks import BlockStore
 from neuralcache.store.tiers import MemoryTier
 from neuralcache.errors import UserError
 from neuralcache.namespace import Namespace
-from neuralcache.ahead.prefetch import EPOCHSET_WHOLE_MAX, SIBLINGS_MAX_FILES, Prefetcher
+from neuralcache.ahead.prefetch import SIBLINGS_MAX_FILES, Prefetcher
 from neuralcache.stats import Stats
 
 P = namedtuple("P", "path offset length eta_s prob source")
@@ -29,6 +29,7 @@ class Scripted:
     def __init__(self, preds):
         self.preds = preds
         self.hints = None
+        self.planned = set()
 
     def set_catalog(self, entries):
         pass
@@ -46,6 +47,12 @@ class Scripted:
 
     def clear_hints(self):
         self.hints = None
+
+    def note_planned(self, path):
+        self.planned.add(path)
+
+    def is_planned(self, path):
+        return path in self.planned
 
 
 def setup(preds, objects, budget=1 << 30):
@@ -66,22 +73,30 @@ def run(store, fn):
     trio.run(main)
 
 
-def test_epochset_guess_on_a_big_file_fetches_only_its_first_block():
-    big = EPOCHSET_WHOLE_MAX + 5 * BS
-    ns, be, store, pf = setup([P("big", 0, big, 1.0, 0.01, "epochset"),
-                               P("small", 0, 1000, 1.0, 0.01, "epochset")],
+def test_a_head_only_prediction_fetches_the_block_holding_it():
+    big = 40 * BS
+    ns, be, store, pf = setup([P("big", 0, 1 << 20, 1.0, 1.0, "epochset"),
+                               P("small", 0, 1000, 1.0, 1.0, "epochset")],
                               [("big", big), ("small", 1000)])
     run(store, lambda: pf.on_open("elsewhere/other", 1, 1))
     assert sorted(be.calls) == [("big", 0, BS), ("small", 0, 1000)]
+    assert pf.predictor.planned == {"small"}     # "big" is not whole: not planned
 
 
-def test_weak_ordered_predictions_are_cut_but_epochset_is_not():
+def test_weak_predictions_are_cut_whatever_their_source():
     ns, be, store, pf = setup([P("a", 0, 10, 1.0, 0.01, "stride"),
                                P("b", 0, 10, 1.0, 0.9, "stride"),
                                P("c", 0, 10, 1.0, 0.01, "epochset")],
                               [("a", 10), ("b", 10), ("c", 10)])
     run(store, lambda: pf.on_open("elsewhere/x", 1, 1))
-    assert sorted(k for k, _, _ in be.calls) == ["b", "c"]
+    assert sorted(k for k, _, _ in be.calls) == ["b"]
+
+
+def test_planned_files_are_not_fetched_again():
+    ns, be, store, pf = setup([P("a", 0, 10, 1.0, 1.0, "hints")], [("a", 10)])
+    pf.predictor.note_planned("a")
+    run(store, lambda: pf.on_open("elsewhere/x", 1, 1))
+    assert be.calls == []
 
 
 def test_unread_budget_bounds_prefetch():

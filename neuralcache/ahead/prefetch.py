@@ -3,7 +3,8 @@
 The predictor (``predictors.make_default_predictor``) sees every open
 and read; after each open (and every ``PUMP_EVERY_READS`` reads) the scheduler asks it
 for ranked predictions and starts loads for the first blocks not yet cached, most
-urgent first, while
+urgent first (skipping files the predictor records as planned: ``note_planned`` /
+``is_planned``, cleared by the predictor at each epoch boundary), while
 
 * bytes of prefetch in flight stay under the Little's-law target (recent throughput x
   recent latency x SAFETY, at least ``MIN_INFLIGHT_BYTES``), and
@@ -31,18 +32,13 @@ log = logging.getLogger(__name__)
 # Predictions asked for per pump; the scheduler stops earlier when budgets are full.
 MAX_PREDICTIONS = 256
 # Predictions below this probability are not fetched.  Ordered predictors (hints,
-# stride, repeated order) report their measured hit rate, so this cuts the weak ones;
-# a shuffled epoch's unread members carry ~64/unread each (predictors/README.md), all
-# of which will be read this epoch, so the cut must stay low (the offline simulator
-# uses 0.05 and measures precision 1.00 on shuffled epochs); the byte budgets below
-# bound what a wrong guess can cost.
+# stride, repeated order) report their measured hit rate, so this cuts the weak ones; a
+# shuffled epoch's unread members report the chance the working set is right (>= 0.5 x
+# the classifier's confidence), and the byte budgets below bound what a wrong guess can
+# cost (the offline simulator uses the same 0.05).
 MIN_PROB = 0.05
 # Re-plan after this many reads even without an open (long files, sequential tars).
 PUMP_EVERY_READS = 16
-# An epoch-set guess says a file will be read this epoch, not how much of it: for files
-# larger than this only the first block is prefetched (fio's random reads over 256 MiB
-# files made whole-file guesses fetch the dataset twice: precision 0.04 in bench/).
-EPOCHSET_WHOLE_MAX = 32 << 20
 # When a pump finds nothing to fetch (a warm epoch: everything is cached), the next
 # pumps are skipped, doubling up to this many events, until a read misses the cache.
 MAX_IDLE_SKIP = 64
@@ -93,8 +89,6 @@ class Prefetcher:
         self._reads = 0
         self.hints_set = 0
         self.rate = Rate()
-        self._planned: set[str] = set()     # whole files already cached or scheduled
-        self._planned_epoch = None
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
@@ -102,8 +96,7 @@ class Prefetcher:
         self.predictor.set_catalog(ns.files_in_order())
 
     def refresh_catalog(self) -> None:
-        self.predictor.set_catalog(self.ns.files_in_order())
-        self._planned.clear()
+        self.predictor.set_catalog(self.ns.files_in_order())   # forgets what was planned
         self._warmed_dirs.clear()
 
     # -- events ------------------------------------------------------------------
@@ -164,7 +157,6 @@ class Prefetcher:
         except ValueError as exc:
             raise UserError(f"hints refused: {exc}") from None
         self.hints_set = len(clean)
-        self._planned.clear()
         self._skip = self._backoff = 0        # plan the new order now
         self._pump()
         return len(clean)
@@ -173,10 +165,6 @@ class Prefetcher:
     def inflight_target(self) -> int:
         lat = self.store.latency_estimate()
         return max(MIN_INFLIGHT_BYTES, int(self.rate.rate * lat * SAFETY))
-
-    def _epoch(self):
-        tracker = getattr(getattr(self.predictor, "epochset", None), "tracker", None)
-        return getattr(tracker, "epoch", None)
 
     def _pump(self) -> None:
         if not self.enabled:
@@ -193,10 +181,6 @@ class Prefetcher:
         target = self.inflight_target()
         if inflight >= target or unread >= self.budget:
             return      # budgets full: not even worth asking the predictor
-        epoch = self._epoch()
-        if epoch != self._planned_epoch:
-            self._planned.clear()    # a new epoch: files evicted since may be wanted again
-            self._planned_epoch = epoch
         try:
             preds = self.predictor.predict(MAX_PREDICTIONS)
         except Exception:
@@ -206,14 +190,11 @@ class Prefetcher:
         started = 0
         lead = 0            # predictions already cached/planned before the first start
         for p in preds:
-            # Ordered predictors report their measured hit rate: cut the weak ones.  A
-            # shuffled epoch's unread members are all read this epoch (their prob is
-            # the chance of being read *soon*), so only the budgets bound them.
-            if p.prob < MIN_PROB and p.source != "epochset":
+            if p.prob < MIN_PROB:
                 continue
             if inflight >= target or unread >= self.budget:
                 break
-            if p.offset == 0 and p.path in self._planned:
+            if p.offset == 0 and self.predictor.is_planned(p.path):
                 if not started:
                     lead += 1
                 continue         # the whole file is already cached or on its way
@@ -224,8 +205,6 @@ class Prefetcher:
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
             length = p.length if p.length > 0 else node.size
-            if whole and p.source == "epochset" and node.size > EPOCHSET_WHOLE_MAX:
-                length = bs              # the first block; read-ahead does the rest
             first = p.offset // bs
             last = min(self.store.nblocks(pinned) - 1, (p.offset + max(length, 1) - 1) // bs)
             for i in range(first, last + 1):
@@ -242,10 +221,7 @@ class Prefetcher:
                 if whole and last == self.store.nblocks(pinned) - 1:
                     if not started:
                         lead += 1
-                    self._planned.add(p.path)   # every block cached or on its way
-                    note = getattr(self.predictor, "note_planned", None)
-                    if note is not None:
-                        note(p.path)
+                    self.predictor.note_planned(p.path)   # every block cached or on its way
         if started or not preds:
             self._backoff = 0
         else:

@@ -64,5 +64,17 @@ def test_epochset_offers_only_unread_members():
     preds = p.predict(1000)
     got = {x.path for x in preds}
     assert got == {CAT[i][0] for i in sub[50:]}   # exactly the 70 unread members
-    assert abs(preds[0].prob - min(1.0, 64 / 70)) < 1e-9
+    assert all(x.prob == 1.0 for x in preds)      # each will be read this epoch
     assert [x.path for x in preds] == sorted(got)  # stable listing order
+    p.note_planned(preds[0].path)                  # the scheduler has it: skip it
+    assert p.is_planned(preds[0].path)
+    assert preds[0].path not in {x.path for x in p.predict(1000)}
+
+
+def test_epochset_predicts_the_head_of_a_large_member():
+    from predictors.epochset import HEAD_BYTES, WHOLE_FILE_MAX
+    cat = [("d/big", WHOLE_FILE_MAX + 1), ("d/small", 1000), ("d/x", 10)]
+    p = EpochSetPredictor(cat)
+    p.observe(Event(0.0, "open", "d/x", 0, 0, 1, 10))
+    got = {x.path: (x.length, x.prob) for x in p.predict(10)}
+    assert got == {"d/big": (HEAD_BYTES, 0.5), "d/small": (1000, 0.5)}   # first epoch: 0.5
