@@ -36,7 +36,7 @@ STREAK_MIN = 2
 
 class ReadAhead:
     __slots__ = ("block_size", "max_blocks", "next_off", "window", "ahead_upto",
-                 "streak_bytes", "streak_t0", "last_block", "streak")
+                 "streak_bytes", "streak_t0", "streak")
 
     def __init__(self, block_size: int, max_bytes: int = DEFAULT_MAX_BYTES):
         self.block_size = block_size
@@ -46,7 +46,6 @@ class ReadAhead:
         self.ahead_upto = 0          # highest block index already requested + 1
         self.streak_bytes = 0
         self.streak_t0: float | None = None   # set by the first read
-        self.last_block = -1
         self.streak = 0              # contiguous reads so far in this stream
 
     def on_read(self, off: int, size: int, nblocks: int, latency_s: float,
@@ -66,20 +65,16 @@ class ReadAhead:
             self.ahead_upto = cur + 1
             self.streak_bytes = size
             self.streak_t0 = now
-            self.last_block = cur
             self.streak = 1
             return range(0)
         self.streak += 1
         if self.streak < STREAK_MIN:
             self.streak_bytes += size
-            self.last_block = cur
             return range(0)
         self.streak_bytes += size
-        if self.last_block >= 0:
-            # every sequential read after the first doubles the window (the kernel
-            # reads 1 MiB at a time: a large file reaches full depth in a few MiB)
-            self.window = min(self._target_blocks(latency_s, now), self.window * 2)
-        self.last_block = cur
+        # every sequential read once the stream is established doubles the window (the
+        # kernel reads 1 MiB at a time: a large file reaches full depth in a few MiB)
+        self.window = min(self._target_blocks(latency_s, now), self.window * 2)
         start = max(self.ahead_upto, cur + 1)
         stop = min(nblocks, cur + 1 + self.window)
         if stop <= start:
