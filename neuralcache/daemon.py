@@ -229,7 +229,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     controls = control.Control(stats=stats_json, trace=trace.dump,
                                apply_hints=prefetcher.set_hints, hints_status=hints_status,
                                uid=os.getuid(), gid=os.getgid(),
-                               hints_mode=0o622 if cfg.allow_other else 0o600)
+                               shared=cfg.allow_other)
     ops = Operations(ns, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
                      readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
                      trace=trace, controls=controls, prefetcher=prefetcher)

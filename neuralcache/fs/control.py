@@ -8,9 +8,13 @@
 
 The directory is hidden from readdir of the root (so dataset walkers such as
 ImageFolder never see it) but resolves by name.  Contents are produced when a file is
-opened, so one open sees one consistent snapshot.  Without --allow-other only the
-mounting user can reach the mount at all; with it, hints stays writable only by the
-owner unless ``hints_mode`` says otherwise.
+opened, so one open sees one consistent snapshot.
+
+The mode bits tell the truth (the mount uses the kernel's default_permissions, so the
+bits are what is enforced): without --allow-other only the mounting user can reach the
+mount at all, so everything is owner-only; with it (``shared``), every user may read
+stats.json and write hints (a training job rarely runs as the user that mounted), and
+the trace, which shows every user's reads, stays the owner's.
 """
 from __future__ import annotations
 
@@ -30,7 +34,10 @@ STATS_INODE = 3
 HINTS_INODE = 4
 TRACE_INODE = 5
 _FILES = {"stats.json": STATS_INODE, "hints": HINTS_INODE, "trace": TRACE_INODE}
-_MODES = {STATS_INODE: 0o444, HINTS_INODE: 0o600, TRACE_INODE: 0o400}
+# Mode bits (see the module docstring): owner-only, and with --allow-other.
+_MODES = {DIR_INODE: 0o500, STATS_INODE: 0o400, HINTS_INODE: 0o600, TRACE_INODE: 0o400}
+_SHARED_MODES = {DIR_INODE: 0o555, STATS_INODE: 0o444, HINTS_INODE: 0o622,
+                 TRACE_INODE: 0o400}
 # Extended attributes of regular files (operations.getxattr; read by `neuralcache warm`).
 XATTR_CACHED = "user.neuralcache.cached"      # bytes of the file held by the caches
 XATTR_VERSION = "user.neuralcache.version"    # ETag or size:mtime the next open pins
@@ -87,14 +94,13 @@ class HintsHandle:
 class Control:
     def __init__(self, *, stats: Callable[[], bytes], trace: Callable[[], bytes],
                  apply_hints: Callable[[list[str]], int], hints_status: Callable[[], bytes],
-                 uid: int, gid: int, hints_mode: int = 0o600):
+                 uid: int, gid: int, shared: bool = False):
         self._stats = stats
         self._trace = trace
         self._apply_hints = apply_hints
         self._hints_status = hints_status
         self.uid, self.gid = uid, gid
-        self._modes = dict(_MODES)
-        self._modes[HINTS_INODE] = hints_mode
+        self._modes = _SHARED_MODES if shared else _MODES
         self._t = time.time_ns()
 
     def getattr(self, inode: int) -> pyfuse3.EntryAttributes:
@@ -103,7 +109,7 @@ class Control:
         a.entry_timeout = 1.0
         a.attr_timeout = 0.0   # always ask: contents change
         if inode == DIR_INODE:
-            a.st_mode = stat.S_IFDIR | 0o500
+            a.st_mode = stat.S_IFDIR | self._modes[inode]
             a.st_nlink = 2
         else:
             a.st_mode = stat.S_IFREG | self._modes[inode]
