@@ -13,6 +13,10 @@ LATENCY_WINDOW = 4096
 # The sorted window is rebuilt after this many new samples, not on every query: the
 # read path asks for the median on every read (read-ahead sizing).
 RESORT_EVERY = 64
+# Read request sizes are counted in power-of-two buckets, bucket k holding sizes in
+# (2^(k-1), 2^k]; the last also holds anything larger (the kernel sends at most 1 MiB,
+# 2^20, per FUSE read).
+READ_SIZE_BUCKETS = 22
 
 
 def percentile(sorted_vals: list[float], q: float) -> float:
@@ -20,6 +24,13 @@ def percentile(sorted_vals: list[float], q: float) -> float:
         return 0.0
     i = min(len(sorted_vals) - 1, max(0, int(round(q * (len(sorted_vals) - 1)))))
     return sorted_vals[i]
+
+
+def _human(n: int) -> str:
+    for unit, shift in (("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
 
 
 @dataclass
@@ -45,6 +56,11 @@ class Stats:
     singleflight_joins: int = 0
     hedged_requests: int = 0
     disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
+    # FUSE requests by operation (lookup, getattr, open, read, flush, release, ...) and
+    # read requests by size (READ_SIZE_BUCKETS): how many requests a
+    # file costs and how the kernel splits reads (bench/breakdown.py reports both).
+    fuse_requests: collections.Counter = field(default_factory=collections.Counter)
+    read_sizes: list = field(default_factory=lambda: [0] * READ_SIZE_BUCKETS)
     latencies: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=LATENCY_WINDOW))
     # Optional histograms (admin/metrics.py), fed when the metrics endpoint is on.
@@ -79,6 +95,13 @@ class Stats:
         vals = sorted(self.latencies)
         return {f"p{int(q * 100)}": round(percentile(vals, q) * 1000, 2)
                 for q in (0.5, 0.9, 0.99)}
+
+    def count_read_size(self, size: int) -> None:
+        self.read_sizes[min(max(0, size - 1).bit_length(), READ_SIZE_BUCKETS - 1)] += 1
+
+    def read_size_histogram(self) -> dict[str, int]:
+        """Non-empty buckets as {"<=4K": n, "<=128K": m, ...}."""
+        return {"<=" + _human(1 << k): n for k, n in enumerate(self.read_sizes) if n}
 
     def snapshot(self, *, cache_disk_bytes: int = 0, cache_disk_blocks: int = 0,
                  cache_mem_bytes: int = 0, cache_disk_limit: int = 0,
@@ -117,6 +140,8 @@ class Stats:
             "cache_mem_bytes": cache_mem_bytes,
             "cache_disk_limit": cache_disk_limit,
             "cache_mem_limit": cache_mem_limit,
+            "fuse_requests": dict(self.fuse_requests),
+            "fuse_read_sizes": self.read_size_histogram(),
             "uptime_s": round(time.monotonic() - self.started, 3),
             "pid": os.getpid(),
         }

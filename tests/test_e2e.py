@@ -208,6 +208,9 @@ def test_stats_and_trace_commands(seaweed, dataset_bucket, tmp_path, env):
                     "readahead_bytes_used", "prefetch_precision", "backend_requests",
                     "backend_latency_ms", "cache_disk_bytes", "cache_mem_bytes"):
             assert key in s
+        for op in ("lookup", "open", "read", "release"):
+            assert s["fuse_requests"][op] >= 1, s["fuse_requests"]
+        assert sum(s["fuse_read_sizes"].values()) == s["reads"] >= 1
         r = run_cli("stats", mp, env=env)
         assert r.returncode == 0 and "hit rate" in r.stdout
         out = tmp_path / "trace.jsonl"

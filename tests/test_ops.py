@@ -161,6 +161,9 @@ def test_metrics_endpoint_and_dashboard(seaweed, bucket, tmp_path):
     assert count >= 10
     assert float(re.search(r"^neuralcache_backend_request_duration_seconds_count (\S+)",
                            text, re.M).group(1)) >= 10
+    opens = float(re.search(r'^neuralcache_fuse_requests_total\{op="open"\} (\S+)', text,
+                            re.M).group(1))
+    assert opens >= 10
     # every metric the dashboard queries is exported
     dash = json.loads((REPO / "neuralcache" / "grafana" / "dashboard.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]

@@ -58,12 +58,14 @@ GAUGES = {
 }
 TIERED = {"neuralcache_cache_hits_total": "Block lookups by readers that hit a tier",
           "neuralcache_cache_misses_total": "Block lookups by readers that missed a tier"}
+# FUSE requests by operation (label "op": lookup, getattr, open, read, ...).
+FUSE_REQUESTS = "neuralcache_fuse_requests_total"
 HISTOGRAMS = ("neuralcache_read_duration_seconds", "neuralcache_backend_request_duration_seconds")
 
 
 def exported_names() -> set[str]:
     """Every series name a scrape can contain (histograms with their suffixes)."""
-    names = set(COUNTERS) | set(GAUGES) | set(TIERED)
+    names = set(COUNTERS) | set(GAUGES) | set(TIERED) | {FUSE_REQUESTS}
     for h in HISTOGRAMS:
         names |= {h + "_bucket", h + "_sum", h + "_count"}
     return names
@@ -91,6 +93,11 @@ class _Collector:
         misses.add_metric(["memory"], s["mem_misses"])
         misses.add_metric(["disk"], s["disk_misses"])
         yield misses
+        ops = CounterMetricFamily(FUSE_REQUESTS[:-len("_total")], "FUSE requests by operation",
+                                  labels=["op"])
+        for op, n in sorted(s.get("fuse_requests", {}).items()):
+            ops.add_metric([op], n)
+        yield ops
         g = GaugeMetricFamily("neuralcache_cache_bytes", GAUGES["neuralcache_cache_bytes"],
                               labels=["tier"])
         g.add_metric(["memory"], s["cache_mem_bytes"])

@@ -51,8 +51,11 @@ def _errno_for(exc: BaseException) -> int:
 def _edge(fn):
     """Translate every exception from a handler into FUSEError (logged if unexpected)."""
 
+    name = fn.__name__
+
     @functools.wraps(fn)
     async def wrapper(self, *args, **kwargs):
+        self.stats.fuse_requests[name] += 1
         try:
             return await fn(self, *args, **kwargs)
         except pyfuse3.FUSEError:
@@ -273,6 +276,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         st = self.stats
         st.reads += 1
+        st.count_read_size(size)
         p = h.pinned
         t0 = time.monotonic()
         try:
