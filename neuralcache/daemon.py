@@ -20,6 +20,7 @@ import trio
 import xxhash
 from predictors import make_default_predictor
 
+from . import cpuacct
 from .fs import control
 from .admin import mounts
 from .backends import open_backend
@@ -142,6 +143,7 @@ async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
 
 
 async def _serve(cfg: MountConfig, on_ready) -> None:
+    cpuacct.set_loop_thread()
     mp = check_mountpoint(cfg.mountpoint)
     try:
         backend = open_backend(cfg.source, endpoint_url=cfg.endpoint_url, region=cfg.region,
@@ -197,6 +199,9 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,
                  "readahead": cfg.readahead, "prefetch": cfg.prefetch}
+        cpu = cpuacct.snapshot()
+        if cpu is not None:
+            extra["cpu_s"] = cpu
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()

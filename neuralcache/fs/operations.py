@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import pyfuse3
 import trio
 
+from .. import cpuacct
 from . import control
 from ..store.blocks import BlockStore, Pinned
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
@@ -254,7 +255,9 @@ class Operations(pyfuse3.Operations):
         self.stats.opens += 1
         self.trace.record("open", node.key, 0, 0, ctx.pid, node.size)
         if self.prefetcher is not None:
+            t0 = cpuacct.clock()
             self.prefetcher.on_open(node.key, node.size, ctx.pid)
+            cpuacct.charge("ahead", t0)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
     async def _revalidate(self, node: Node) -> None:
@@ -288,6 +291,7 @@ class Operations(pyfuse3.Operations):
             st.read_hist.observe(time.monotonic() - t0)
         st.bytes_served += len(data)
         self.trace.record("read", p.key, off, len(data), h.pid, p.size)
+        t0 = cpuacct.clock()
         if h.readahead is not None:
             ahead = h.readahead.on_read(off, len(data), self.store.nblocks(p),
                                         self.store.latency_estimate())
@@ -295,6 +299,7 @@ class Operations(pyfuse3.Operations):
                 self.store.prefetch(p, i)
         if self.prefetcher is not None:
             self.prefetcher.on_read(p.key, off, len(data), p.size, h.pid)
+        cpuacct.charge("ahead", t0)
         return data
 
     @_edge

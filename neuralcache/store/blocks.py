@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import lru
 import trio
 
+from .. import cpuacct
 from . import limiter as lim
 from .tiers import BlockKey, DiskTier, MemoryTier
 from ..errors import BackendError, Unavailable
@@ -314,7 +315,11 @@ class BlockStore:
         a second identical request starts and the first answer wins (the loser's
         thread is abandoned; its result is dropped)."""
         def read():
-            return self.backend.read(obj.key, off, length, obj.version)
+            t0 = cpuacct.clock()
+            try:
+                return self.backend.read(obj.key, off, length, obj.version)
+            finally:
+                cpuacct.charge("fetch", t0)
 
         if not flight.joined:
             return await trio.to_thread.run_sync(read, limiter=self._backend_threads,

@@ -32,6 +32,8 @@ from typing import Callable
 import lru
 import xxhash
 
+from .. import cpuacct
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<4sIQQQ")
@@ -158,6 +160,13 @@ class DiskTier:
             return bk.name() in self._index
 
     def get(self, bk: BlockKey) -> bytes | None:
+        t0 = cpuacct.clock()
+        try:
+            return self._get(bk)
+        finally:
+            cpuacct.charge("disk_read", t0)
+
+    def _get(self, bk: BlockKey) -> bytes | None:
         name = bk.name()
         with self._lock:
             if name not in self._index:
@@ -186,7 +195,7 @@ class DiskTier:
             if magic != _MAGIC or length > self.limit:
                 return None, "bad header"
             data = f.read(length + 1)          # +1 detects trailing bytes
-        if length != len(data) or xxhash.xxh3_64_intdigest(data) != digest:
+        if length != len(data) or _checksum(data) != digest:
             return None, "checksum mismatch"
         return data, ""
 
@@ -207,6 +216,13 @@ class DiskTier:
     # -- writes ---------------------------------------------------------------------
     def put(self, bk: BlockKey, data: bytes) -> bool:
         """Store a block; False (and a log line) if it could not be stored."""
+        t0 = cpuacct.clock()
+        try:
+            return self._put(bk, data)
+        finally:
+            cpuacct.charge("disk_write", t0)
+
+    def _put(self, bk: BlockKey, data: bytes) -> bool:
         if len(data) > self.limit:
             return False
         name = bk.name()
@@ -227,7 +243,7 @@ class DiskTier:
             _unlink(self._path(v))
         path = self._path(name)
         tmp = f"{path}.{threading.get_ident()}.tmp"
-        header = _HEADER.pack(_MAGIC, 0, len(data), xxhash.xxh3_64_intdigest(data), 0)
+        header = _HEADER.pack(_MAGIC, 0, len(data), _checksum(data), 0)
         try:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
@@ -323,6 +339,13 @@ class DiskTier:
 
     def __len__(self) -> int:
         return len(self._index)
+
+
+def _checksum(data: bytes) -> int:
+    t0 = cpuacct.clock()
+    digest = xxhash.xxh3_64_intdigest(data)
+    cpuacct.charge("checksum", t0)
+    return digest
 
 
 def _unlink(path: str) -> None:
