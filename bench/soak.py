@@ -13,6 +13,7 @@ memory cache, errors, open handles and descriptors at the end.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
@@ -35,18 +36,30 @@ def dataset(n: int, size: int, seed: int) -> dict[str, bytes]:
 
 
 def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: float,
-                 max_bytes: int, max_len: int, seed: int) -> dict:
+                 max_len: int, seed: int, max_bytes: int | None = None,
+                 keep: int = 20) -> dict:
+    """``threads`` threads of random preads of ``files`` (path under ``mp`` -> expected
+    bytes), each read checked against the source, for ``seconds`` or until ``max_bytes``
+    verified bytes (no limit: None).
+
+    Returns counts -- ``bytes`` (verified), ``reads``, ``eio``, ``wrong`` (reads that
+    returned other bytes), ``other`` (errors but EIO), ``slowest`` (s, any read),
+    ``seconds`` -- and the first ``keep`` wrong reads as (path, offset, length) in
+    ``wrong_reads`` and other errors as repr in ``errors``.
+    """
     keys = sorted(files)
-    out = {"bytes": 0, "reads": 0, "eio": 0, "wrong": 0, "other": 0, "slowest": 0.0}
+    limit = float("inf") if max_bytes is None else max_bytes
+    out = {"bytes": 0, "reads": 0, "eio": 0, "wrong": 0, "other": 0, "slowest": 0.0,
+           "wrong_reads": [], "errors": []}
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
 
     def worker(i):
         rnd = random.Random(seed * 1000 + i)
-        while time.monotonic() < deadline and out["bytes"] < max_bytes:
+        while time.monotonic() < deadline and out["bytes"] < limit:
             k = rnd.choice(keys)
             src = files[k]
-            off = rnd.randrange(len(src))
+            off = rnd.randrange(max(1, len(src)))
             ln = rnd.randrange(1, max_len)
             t0 = time.monotonic()
             try:
@@ -62,10 +75,16 @@ def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: fl
             with lock:
                 out["slowest"] = max(out["slowest"], dt)
                 out["reads"] += 1
-                if err is not None:
-                    out["eio" if err.errno == 5 else "other"] += 1
+                if err is not None and err.errno == errno.EIO:
+                    out["eio"] += 1
+                elif err is not None:
+                    out["other"] += 1
+                    if len(out["errors"]) < keep:
+                        out["errors"].append(repr(err))
                 elif got != src[off:off + ln]:
                     out["wrong"] += 1
+                    if len(out["wrong_reads"]) < keep:
+                        out["wrong_reads"].append((k, off, ln))
                 else:
                     out["bytes"] += len(got)
 
