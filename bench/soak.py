@@ -18,13 +18,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from .ncmount import mounted, stats
 from .seaweed import SeaweedServer
 from .wan import WanProxy
 
@@ -98,14 +98,6 @@ def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: fl
     return out
 
 
-def nc(*args, env) -> str:
-    r = subprocess.run([sys.executable, "-m", "neuralcache", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise SystemExit(f"neuralcache {args[0]}: {r.stderr.strip()}")
-    return r.stdout
-
-
 def upload(sw: SeaweedServer, bucket: str, files: dict[str, bytes]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -127,18 +119,14 @@ def run_faults(a) -> dict:
             for rate in a.rates:
                 with WanProxy(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms, reset_rate=rate,
                               stall_rate=rate, stall_s=20.0, seed=3) as proxy:
-                    mnt, cache = work / f"mnt{rate}", work / f"cache{rate}"
-                    mnt.mkdir()
                     # a small cache, so reads keep going over the faulty link
-                    nc("mount", "s3://faults", mnt, "--endpoint-url", proxy.endpoint,
-                       "--cache-dir", cache, "--cache-size", "32M",
-                       "--memory-cache-size", "16M", "--block-size", "1M", env=env)
-                    try:
+                    with mounted("s3://faults", work / f"mnt{rate}", "--endpoint-url",
+                                 proxy.endpoint, "--cache-dir", work / f"cache{rate}",
+                                 "--cache-size", "32M", "--memory-cache-size", "16M",
+                                 "--block-size", "1M", env=env) as mnt:
                         r = random_reads(mnt, files, 8, seconds=a.max_minutes * 60,
                                          max_bytes=int(a.gib * 2**30), max_len=2 * MB, seed=5)
-                        st = json.loads((mnt / ".neuralcache/stats.json").read_text())
-                    finally:
-                        nc("umount", mnt, env=env)
+                        st = stats(mnt)
                     p = proxy.stats()
                 r.update(rate=rate, mb_s=r["bytes"] / r["seconds"] / 1e6,
                          resets=p.get("resets", 0), stalls=p.get("stalls", 0),
@@ -170,24 +158,20 @@ def run_soak(a) -> dict:
             upload(sw, "soak", files)
             env = dict(os.environ, **sw.env())
             with WanProxy(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
-                mnt = work / "mnt"
-                mnt.mkdir()
-                nc("mount", "s3://soak", mnt, "--endpoint-url", proxy.endpoint,
-                   "--cache-dir", work / "cache", "--cache-size", "128M",
-                   "--memory-cache-size", f"{mem_mb}M", "--block-size", "1M", env=env)
-                try:
-                    pid = json.loads((mnt / ".neuralcache/stats.json").read_text())["pid"]
+                with mounted("s3://soak", work / "mnt", "--endpoint-url", proxy.endpoint,
+                             "--cache-dir", work / "cache", "--cache-size", "128M",
+                             "--memory-cache-size", f"{mem_mb}M", "--block-size", "1M",
+                             env=env) as mnt:
+                    pid = stats(mnt)["pid"]
                     r = random_reads(mnt, files, a.readers, seconds=a.minutes * 60,
                                      max_bytes=1 << 62, max_len=512 << 10, seed=9)
                     time.sleep(1)
-                    st = json.loads((mnt / ".neuralcache/stats.json").read_text())
+                    st = stats(mnt)
                     status = open(f"/proc/{pid}/status").read()
                     hwm = int(status.split("VmHWM:")[1].split()[0]) // 1024
                     rss = int(status.split("VmRSS:")[1].split()[0]) // 1024
                     fds = len(os.listdir(f"/proc/{pid}/fd"))
                     threads = len(os.listdir(f"/proc/{pid}/task"))
-                finally:
-                    nc("umount", mnt, env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = {"minutes": a.minutes, "readers": a.readers, "reads": r["reads"],
