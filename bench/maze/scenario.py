@@ -31,6 +31,7 @@ from pathlib import Path
 import xxhash
 
 from bench import datasets
+from bench.harness import Watchdog, plain_info
 from bench.seqread import cpu_seconds
 
 from . import config, data, prepare
@@ -202,8 +203,6 @@ def _plots(ctx, results: dict[str, dict]) -> None:
 
 
 def scenario(ctx) -> list[dict]:
-    from bench.runner import _Watchdog, _plain
-
     cfg = config(ctx.quick)
     man = _prepare(ctx, cfg)
     systems = [s for s in ctx.systems if s != "link"]
@@ -220,7 +219,7 @@ def scenario(ctx) -> list[dict]:
         ctx.log(f"maze: train on {system} ({cfg['steps']} steps x {cfg['batch_size']})")
         base = {"scenario": "maze", "system": system}
         try:
-            with ctx.mount(system) as m, _Watchdog(m, limit):
+            with ctx.mount(system) as m, Watchdog(m, limit):
                 # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
                 pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
                 pids += _remote_side_pids(ctx)
@@ -228,7 +227,7 @@ def scenario(ctx) -> list[dict]:
                 r = ctx.measure(m, "train", lambda: _as_row(_train(
                     ctx, m.root / PREFIX, out_base / system, cfg)))
                 cpu1 = _cpu_s(pids)
-                r["mount"] = _plain(m.info)
+                r["mount"] = plain_info(m.info)
             d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
             r["daemon_cpu_s"] = d[0]
             r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
@@ -267,7 +266,7 @@ def scenario(ctx) -> list[dict]:
         for system in systems:
             base = {"scenario": "maze", "system": system}
             try:
-                with ctx.mount(system) as m, _Watchdog(m, 600):
+                with ctx.mount(system) as m, Watchdog(m, 600):
                     ck = m.root / PREFIX / "checkpoints" / source
                     r = ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / system))
                 rows.append({**base, **r})
