@@ -110,24 +110,41 @@ class Ctx:
         from bench.workloads import link_fetch
 
         rows = []
-        for system in self.systems:
-            self.log(f"{scenario}: {system}")
+        if "link" in self.systems:
+            self.log(f"{scenario}: link")
+            base = {"scenario": scenario, "system": "link"}
+            with self.failure_as_row(rows, base):
+                r = self.measure(None, "link", lambda: link_fetch(
+                    self.s3_link, self.bucket, ds_name, manifest))
+                r["value"], r["unit"] = (link_value or (lambda x: (x["mbps"], "MB/s")))(r)
+                rows.append({**base, **r})
+        return rows + self.each_mounted(scenario, [s for s in self.systems if s != "link"],
+                                        body, opts=opts)
+
+    def each_mounted(self, scenario: str, systems: list[str],
+                     body: Callable[["Ctx", Mounted], list[dict]], *,
+                     opts: MountOptions | None = None, timeout_s: float | None = None,
+                     phase: str = "-", step: str = "") -> list[dict]:
+        """Each of ``systems`` mounted fresh under a watchdog (``timeout_s``, default the
+        run's): ``body(ctx, m)`` -> rows, each with the mount's info; a failing system
+        becomes one error row with ``phase``.  ``step`` names the work in the log."""
+        rows: list[dict] = []
+        for system in systems:
+            self.log(f"{scenario}: {step + ' on ' if step else ''}{system}")
             base = {"scenario": scenario, "system": system}
-            try:
-                if system == "link":
-                    r = self.measure(None, "link", lambda: link_fetch(
-                        self.s3_link, self.bucket, ds_name, manifest))
-                    r["value"], r["unit"] = (link_value or (lambda x: (x["mbps"], "MB/s")))(r)
-                    rows.append({**base, **r})
-                    continue
-                with self.mount(system, opts) as m, Watchdog(m, self.timeout_s):
-                    for r in body(self, m):
-                        rows.append({**base, **r, "mount": plain_info(m.info)})
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:  # one system failing is a row, not the end of the run
-                rows.append(self.error_row(base, "-", exc))
+            with self.failure_as_row(rows, base, phase), self.mount(system, opts) as m, \
+                    Watchdog(m, timeout_s or self.timeout_s):
+                for r in body(self, m):
+                    rows.append({**base, **r, "mount": plain_info(m.info)})
         return rows
+
+    @contextlib.contextmanager
+    def failure_as_row(self, rows: list[dict], base: dict, phase: str = "-"):
+        """One system failing is a row, not the end of the run (Ctrl-C still ends it)."""
+        try:
+            yield
+        except Exception as exc:
+            rows.append(self.error_row(base, phase, exc))
 
     def error_row(self, base: dict, phase: str, exc: Exception) -> dict:
         """Log a system's failure and return it as a table row."""

@@ -31,7 +31,6 @@ from pathlib import Path
 import xxhash
 
 from bench import datasets
-from bench.harness import Watchdog, plain_info
 from bench.seqread import cpu_seconds
 
 from . import config, data, prepare
@@ -46,6 +45,8 @@ WINDOW = 10
 # Watchdog per system: training is compute-bound at ~1 s/step on one core of this
 # machine; a mount that stalls the job for 3x that is hung, not slow.
 SECONDS_PER_STEP_LIMIT = 3.0
+# Watchdog per system for the cold start (a fresh process loads the checkpoint).
+TTFT_LIMIT_S = 600.0
 
 
 def _limit_s(cfg: dict) -> float:
@@ -210,36 +211,30 @@ def scenario(ctx) -> list[dict]:
         ctx.notes.append("maze: no link row (the job is compute-bound; see the samples "
                          "scenario for the per-file ceiling)")
     out_base = Path(ctx.out_dir) / "maze"
-    rows: list[dict] = []
     results: dict[str, dict] = {}
     ckpt_digest: dict[str, str] = {}
-    limit = _limit_s(cfg)
 
-    for system in systems:
-        ctx.log(f"maze: train on {system} ({cfg['steps']} steps x {cfg['batch_size']})")
-        base = {"scenario": "maze", "system": system}
-        try:
-            with ctx.mount(system) as m, Watchdog(m, limit):
-                # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
-                pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
-                pids += _remote_side_pids(ctx)
-                cpu0 = _cpu_s(pids)
-                r = ctx.measure(m, "train", lambda: _as_row(_train(
-                    ctx, m.root / PREFIX, out_base / system, cfg)))
-                cpu1 = _cpu_s(pids)
-                r["mount"] = plain_info(m.info)
-            d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
-            r["daemon_cpu_s"] = d[0]
-            r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
-            res = r.pop("_result")
-            results[system] = res
-            ckpt = Path(res["checkpoint"])
-            ckpt_digest[system] = _upload_checkpoint(ctx, ckpt, f"{PREFIX}/checkpoints/{system}")
-            rows.append({**base, **r})
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # one system failing is a row, not the end of the run
-            rows.append(ctx.error_row(base, "train", exc))
+    def train(ctx, m) -> list[dict]:
+        # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
+        pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
+        pids += _remote_side_pids(ctx)
+        cpu0 = _cpu_s(pids)
+        r = ctx.measure(m, "train", lambda: _as_row(_train(
+            ctx, m.root / PREFIX, out_base / m.name, cfg)))
+        cpu1 = _cpu_s(pids)
+        d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
+        r["daemon_cpu_s"] = d[0]
+        r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
+        r["checkpoint_xxh64"] = _upload_checkpoint(ctx, Path(r["_result"]["checkpoint"]),
+                                                   f"{PREFIX}/checkpoints/{m.name}")
+        return [r]
+
+    rows = ctx.each_mounted("maze", systems, train, timeout_s=_limit_s(cfg), phase="train",
+                            step=f"train ({cfg['steps']} steps x {cfg['batch_size']})")
+    for r in rows:                      # the systems that trained and unmounted cleanly
+        if "_result" in r:
+            results[r["system"]] = r.pop("_result")
+            ckpt_digest[r["system"]] = r["checkpoint_xxh64"]
 
     # Compare each run with local: the same bytes in the same order, the same loss curve.
     ref = results.get("local")
@@ -263,17 +258,13 @@ def scenario(ctx) -> list[dict]:
         ctx.notes.append(f"maze ttft: a fresh `python -m bench.maze.ttft` process loads "
                          f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
                          "a fresh mount with an empty cache; local: page cache dropped first")
-        for system in systems:
-            base = {"scenario": "maze", "system": system}
-            try:
-                with ctx.mount(system) as m, Watchdog(m, 600):
-                    ck = m.root / PREFIX / "checkpoints" / source
-                    r = ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / system))
-                rows.append({**base, **r})
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                rows.append(ctx.error_row(base, "ttft", exc))
+
+        def ttft(ctx, m) -> list[dict]:
+            ck = m.root / PREFIX / "checkpoints" / source
+            return [ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / m.name))]
+
+        rows += ctx.each_mounted("maze", systems, ttft, timeout_s=TTFT_LIMIT_S, phase="ttft",
+                                 step="ttft")
 
     if results:
         ctx.notes.extend(_summary(results, rows, cfg, man))
