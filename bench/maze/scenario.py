@@ -30,7 +30,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench import datasets
+from bench import datasets, report
 from bench.seqread import cpu_seconds
 
 from . import config, data, prepare
@@ -168,26 +168,14 @@ def window_table(results: dict[str, dict], steps: int) -> list[str]:
 
 
 def _plots(ctx, results: dict[str, dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    out = Path(ctx.out_dir)
+    report.windows_plot(out / "maze_throughput.png",
+                        [(f"{name} ({res['samples_per_s']:.1f} samples/s overall)", _windows(res))
+                         for name, res in results.items()],
+                        f"maze training over a {ctx.rtt_ms:.0f} ms link: samples/s per window",
+                        xlabel=f"batch (windows of {WINDOW})")
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, res in results.items():
-        ws = _windows(res)
-        ax.plot([w["batch"] for w in ws], [w["samples_per_s"] for w in ws], marker=".",
-                label=f"{name} ({res['samples_per_s']:.1f} samples/s overall)")
-    ax.set_xlabel(f"batch (windows of {WINDOW})")
-    ax.set_ylabel("samples/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"maze training over a {ctx.rtt_ms:.0f} ms link: samples/s per window")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(Path(ctx.out_dir) / "maze_throughput.png", dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = report.pyplot().subplots(figsize=(8, 4.5))
     styles = ["-", "--", ":", "-."]
     for i, (name, res) in enumerate(results.items()):
         ax.plot(range(1, len(res["loss_curve"]) + 1), res["loss_curve"],
@@ -198,9 +186,7 @@ def _plots(ctx, results: dict[str, dict]) -> None:
     ax.set_title("maze training: loss curves (identical bytes give identical curves)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(Path(ctx.out_dir) / "maze_loss.png", dpi=100)
-    plt.close(fig)
+    report.save_figure(fig, out / "maze_loss.png")
 
 
 def scenario(ctx) -> list[dict]:
