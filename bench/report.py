@@ -91,11 +91,39 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
     return "\n".join(out)
 
 
-def plots(rows: list[dict], out: Path) -> list[Path]:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def save_figure(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    pyplot().close(fig)
+    return path
+
+
+def windows_plot(path: Path, series: list[tuple[str, list[dict]]], title: str,
+                 xlabel: str = "batch") -> Path:
+    """samples/s per batch window, one line per (label, windows); a window is
+    ``{"batch": last batch, "samples_per_s": ...}`` (train and maze rows)."""
+    fig, ax = pyplot().subplots(figsize=(8, 4.5))
+    for label, windows in series:
+        ax.plot([w["batch"] for w in windows], [w["samples_per_s"] for w in windows],
+                marker=".", label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("samples/s (per window)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return save_figure(fig, path)
+
+
+def plots(rows: list[dict], out: Path) -> list[Path]:
     made = []
     scen = []
     for r in rows:
@@ -109,48 +137,37 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             continue   # bench/maze/scenario.py draws its own throughput and loss plots
         path = Path(out) / f"{s}.png"
         if s == "train":
-            fig, ax = plt.subplots(figsize=(8, 4.5))
-            for r in rs:
-                if "windows" in r:
-                    ax.plot([w["batch"] for w in r["windows"]],
-                            [w["samples_per_s"] for w in r["windows"]],
-                            marker=".", label=r["system"])
-            ax.set_xlabel("batch")
-            ax.set_ylabel("samples/s (per window)")
-            ax.set_title("train: samples/s per batch window (cold)")
-            ax.legend()
-            ax.grid(alpha=0.3)
-        else:
-            phases = []
-            for r in rs:
-                if r["system"] != "link" and r["phase"] not in phases:
-                    phases.append(r["phase"])
-            systems = []
-            for r in rs:
-                if r["system"] != "link" and r["system"] not in systems:
-                    systems.append(r["system"])
-            fig, ax = plt.subplots(figsize=(min(14, max(6, 1.3 * len(systems) + 2)), 4.5))
-            width = 0.8 / max(len(phases), 1)
-            for i, ph in enumerate(phases):
-                vals = []
-                for sy in systems:
-                    m = [r for r in rs if r["system"] == sy and r["phase"] == ph]
-                    vals.append(m[0]["value"] if m else 0)
-                ax.bar([j + i * width for j in range(len(systems))], vals, width, label=ph)
-            link = [r for r in rs if r["system"] == "link"]
-            unit = rs[0]["unit"]
-            if link:
-                ax.axhline(link[0]["value"], color="k", ls="--", lw=1,
-                           label=f"link ceiling {link[0]['value']:.0f} {link[0]['unit']}")
-            ax.set_xticks([j + width * (len(phases) - 1) / 2 for j in range(len(systems))])
-            ax.set_xticklabels(systems, rotation=15)
-            ax.set_ylabel(unit)
-            ax.set_yscale("log")
-            ax.set_title(f"{s}: throughput per system")
-            ax.legend(fontsize=8)
-            ax.grid(axis="y", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        made.append(path)
+            made.append(windows_plot(path, [(r["system"], r["windows"]) for r in rs
+                                            if "windows" in r],
+                                     "train: samples/s per batch window (cold)"))
+            continue
+        phases = []
+        for r in rs:
+            if r["system"] != "link" and r["phase"] not in phases:
+                phases.append(r["phase"])
+        systems = []
+        for r in rs:
+            if r["system"] != "link" and r["system"] not in systems:
+                systems.append(r["system"])
+        fig, ax = pyplot().subplots(figsize=(min(14, max(6, 1.3 * len(systems) + 2)), 4.5))
+        width = 0.8 / max(len(phases), 1)
+        for i, ph in enumerate(phases):
+            vals = []
+            for sy in systems:
+                m = [r for r in rs if r["system"] == sy and r["phase"] == ph]
+                vals.append(m[0]["value"] if m else 0)
+            ax.bar([j + i * width for j in range(len(systems))], vals, width, label=ph)
+        link = [r for r in rs if r["system"] == "link"]
+        unit = rs[0]["unit"]
+        if link:
+            ax.axhline(link[0]["value"], color="k", ls="--", lw=1,
+                       label=f"link ceiling {link[0]['value']:.0f} {link[0]['unit']}")
+        ax.set_xticks([j + width * (len(phases) - 1) / 2 for j in range(len(systems))])
+        ax.set_xticklabels(systems, rotation=15)
+        ax.set_ylabel(unit)
+        ax.set_yscale("log")
+        ax.set_title(f"{s}: throughput per system")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        made.append(save_figure(fig, path))
     return made

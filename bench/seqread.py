@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,25 +21,12 @@ from pathlib import Path
 
 from neuralcache.admin.sizes import parse_size
 
+from .ncmount import mounted, stats
 from .seaweed import SeaweedServer
+from .systems import drop_page_cache
 from .wan import WanProxyProcess
 
 CHUNK = 1 << 20
-
-
-def drop_page_cache(path: Path) -> str:
-    os.sync()      # dirty pages (a file just written) cannot be dropped
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-        return "fadvise"
 
 
 def read_all(path: Path) -> tuple[float, int]:
@@ -56,14 +42,6 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def nc(*args, env):
-    r = subprocess.run([sys.executable, "-m", "neuralcache", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        raise SystemExit(f"neuralcache {args[0]} failed: {r.stderr.strip()}")
-    return r.stdout
 
 
 def main(argv=None) -> int:
@@ -88,7 +66,7 @@ def main(argv=None) -> int:
             s3 = sw.client()
             s3.create_bucket(Bucket="seqread")
             s3.upload_file(str(local), "seqread", "weights.bin")
-            method = drop_page_cache(local)
+            method = drop_page_cache([local])
             t, n = read_all(local)
             rows.append(("local (cold)", n / t / 1e6, t, None))
             t, n = read_all(local)
@@ -96,14 +74,11 @@ def main(argv=None) -> int:
             env = dict(os.environ, **sw.env())
             with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
                 mnt = work / "mnt"
-                mnt.mkdir()
-                cache = work / "cache"
-                mount_args = ["mount", "s3://seqread", mnt, "--endpoint-url", proxy.endpoint,
-                              "--cache-dir", cache, "--cache-size", f"{2 * size}",
+                mount_args = ["s3://seqread", mnt, "--endpoint-url", proxy.endpoint,
+                              "--cache-dir", work / "cache", "--cache-size", f"{2 * size}",
                               "--memory-cache-size", "1G"]
-                nc(*mount_args, env=env)
-                try:
-                    pid = json.loads((mnt / ".neuralcache/stats.json").read_text())["pid"]
+                with mounted(*mount_args, env=env):
+                    pid = stats(mnt)["pid"]
                     c0 = cpu_seconds(pid)
                     t, n = read_all(mnt / "weights.bin")
                     c1 = cpu_seconds(pid)
@@ -113,20 +88,15 @@ def main(argv=None) -> int:
                     rows.append(("neuralcache warm (page cache)", n / t / 1e6, t,
                                  (c2 - c1) / (n / 2**30)))
                     time.sleep(1.0)   # background disk writes land
-                finally:
-                    nc("umount", mnt, env=env)
-                drop_page_cache(local)
-                nc(*mount_args, env=env)
-                try:
-                    pid = json.loads((mnt / ".neuralcache/stats.json").read_text())["pid"]
+                drop_page_cache([local])
+                with mounted(*mount_args, env=env):
+                    pid = stats(mnt)["pid"]
                     c0 = cpu_seconds(pid)
                     t, n = read_all(mnt / "weights.bin")
                     c1 = cpu_seconds(pid)
-                    st = json.loads((mnt / ".neuralcache/stats.json").read_text())
+                    st = stats(mnt)
                     rows.append(("neuralcache warm (disk cache)", n / t / 1e6, t,
                                  (c1 - c0) / (n / 2**30)))
-                finally:
-                    nc("umount", mnt, env=env)
                 link = proxy.stats()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -13,17 +13,18 @@ memory cache, errors, open handles and descriptors at the end.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from .ncmount import mounted, stats
 from .seaweed import SeaweedServer
 from .wan import WanProxy
 
@@ -35,18 +36,30 @@ def dataset(n: int, size: int, seed: int) -> dict[str, bytes]:
 
 
 def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: float,
-                 max_bytes: int, max_len: int, seed: int) -> dict:
+                 max_len: int, seed: int, max_bytes: int | None = None,
+                 keep: int = 20) -> dict:
+    """``threads`` threads of random preads of ``files`` (path under ``mp`` -> expected
+    bytes), each read checked against the source, for ``seconds`` or until ``max_bytes``
+    verified bytes (no limit: None).
+
+    Returns counts -- ``bytes`` (verified), ``reads``, ``eio``, ``wrong`` (reads that
+    returned other bytes), ``other`` (errors but EIO), ``slowest`` (s, any read),
+    ``seconds`` -- and the first ``keep`` wrong reads as (path, offset, length) in
+    ``wrong_reads`` and other errors as repr in ``errors``.
+    """
     keys = sorted(files)
-    out = {"bytes": 0, "reads": 0, "eio": 0, "wrong": 0, "other": 0, "slowest": 0.0}
+    limit = float("inf") if max_bytes is None else max_bytes
+    out = {"bytes": 0, "reads": 0, "eio": 0, "wrong": 0, "other": 0, "slowest": 0.0,
+           "wrong_reads": [], "errors": []}
     lock = threading.Lock()
     deadline = time.monotonic() + seconds
 
     def worker(i):
         rnd = random.Random(seed * 1000 + i)
-        while time.monotonic() < deadline and out["bytes"] < max_bytes:
+        while time.monotonic() < deadline and out["bytes"] < limit:
             k = rnd.choice(keys)
             src = files[k]
-            off = rnd.randrange(len(src))
+            off = rnd.randrange(max(1, len(src)))
             ln = rnd.randrange(1, max_len)
             t0 = time.monotonic()
             try:
@@ -62,10 +75,16 @@ def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: fl
             with lock:
                 out["slowest"] = max(out["slowest"], dt)
                 out["reads"] += 1
-                if err is not None:
-                    out["eio" if err.errno == 5 else "other"] += 1
+                if err is not None and err.errno == errno.EIO:
+                    out["eio"] += 1
+                elif err is not None:
+                    out["other"] += 1
+                    if len(out["errors"]) < keep:
+                        out["errors"].append(repr(err))
                 elif got != src[off:off + ln]:
                     out["wrong"] += 1
+                    if len(out["wrong_reads"]) < keep:
+                        out["wrong_reads"].append((k, off, ln))
                 else:
                     out["bytes"] += len(got)
 
@@ -77,14 +96,6 @@ def random_reads(mp: Path, files: dict[str, bytes], threads: int, *, seconds: fl
         t.join()
     out["seconds"] = time.monotonic() - t0
     return out
-
-
-def nc(*args, env) -> str:
-    r = subprocess.run([sys.executable, "-m", "neuralcache", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise SystemExit(f"neuralcache {args[0]}: {r.stderr.strip()}")
-    return r.stdout
 
 
 def upload(sw: SeaweedServer, bucket: str, files: dict[str, bytes]) -> None:
@@ -108,18 +119,14 @@ def run_faults(a) -> dict:
             for rate in a.rates:
                 with WanProxy(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms, reset_rate=rate,
                               stall_rate=rate, stall_s=20.0, seed=3) as proxy:
-                    mnt, cache = work / f"mnt{rate}", work / f"cache{rate}"
-                    mnt.mkdir()
                     # a small cache, so reads keep going over the faulty link
-                    nc("mount", "s3://faults", mnt, "--endpoint-url", proxy.endpoint,
-                       "--cache-dir", cache, "--cache-size", "32M",
-                       "--memory-cache-size", "16M", "--block-size", "1M", env=env)
-                    try:
+                    with mounted("s3://faults", work / f"mnt{rate}", "--endpoint-url",
+                                 proxy.endpoint, "--cache-dir", work / f"cache{rate}",
+                                 "--cache-size", "32M", "--memory-cache-size", "16M",
+                                 "--block-size", "1M", env=env) as mnt:
                         r = random_reads(mnt, files, 8, seconds=a.max_minutes * 60,
                                          max_bytes=int(a.gib * 2**30), max_len=2 * MB, seed=5)
-                        st = json.loads((mnt / ".neuralcache/stats.json").read_text())
-                    finally:
-                        nc("umount", mnt, env=env)
+                        st = stats(mnt)
                     p = proxy.stats()
                 r.update(rate=rate, mb_s=r["bytes"] / r["seconds"] / 1e6,
                          resets=p.get("resets", 0), stalls=p.get("stalls", 0),
@@ -151,24 +158,20 @@ def run_soak(a) -> dict:
             upload(sw, "soak", files)
             env = dict(os.environ, **sw.env())
             with WanProxy(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
-                mnt = work / "mnt"
-                mnt.mkdir()
-                nc("mount", "s3://soak", mnt, "--endpoint-url", proxy.endpoint,
-                   "--cache-dir", work / "cache", "--cache-size", "128M",
-                   "--memory-cache-size", f"{mem_mb}M", "--block-size", "1M", env=env)
-                try:
-                    pid = json.loads((mnt / ".neuralcache/stats.json").read_text())["pid"]
+                with mounted("s3://soak", work / "mnt", "--endpoint-url", proxy.endpoint,
+                             "--cache-dir", work / "cache", "--cache-size", "128M",
+                             "--memory-cache-size", f"{mem_mb}M", "--block-size", "1M",
+                             env=env) as mnt:
+                    pid = stats(mnt)["pid"]
                     r = random_reads(mnt, files, a.readers, seconds=a.minutes * 60,
                                      max_bytes=1 << 62, max_len=512 << 10, seed=9)
                     time.sleep(1)
-                    st = json.loads((mnt / ".neuralcache/stats.json").read_text())
+                    st = stats(mnt)
                     status = open(f"/proc/{pid}/status").read()
                     hwm = int(status.split("VmHWM:")[1].split()[0]) // 1024
                     rss = int(status.split("VmRSS:")[1].split()[0]) // 1024
                     fds = len(os.listdir(f"/proc/{pid}/fd"))
                     threads = len(os.listdir(f"/proc/{pid}/task"))
-                finally:
-                    nc("umount", mnt, env=env)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out = {"minutes": a.minutes, "readers": a.readers, "reads": r["reads"],

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench import datasets
+from bench import datasets, report
 from bench.seqread import cpu_seconds
 
 from . import config, data, prepare
@@ -45,6 +45,8 @@ WINDOW = 10
 # Watchdog per system: training is compute-bound at ~1 s/step on one core of this
 # machine; a mount that stalls the job for 3x that is hung, not slow.
 SECONDS_PER_STEP_LIMIT = 3.0
+# Watchdog per system for the cold start (a fresh process loads the checkpoint).
+TTFT_LIMIT_S = 600.0
 
 
 def _limit_s(cfg: dict) -> float:
@@ -166,26 +168,14 @@ def window_table(results: dict[str, dict], steps: int) -> list[str]:
 
 
 def _plots(ctx, results: dict[str, dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    out = Path(ctx.out_dir)
+    report.windows_plot(out / "maze_throughput.png",
+                        [(f"{name} ({res['samples_per_s']:.1f} samples/s overall)", _windows(res))
+                         for name, res in results.items()],
+                        f"maze training over a {ctx.rtt_ms:.0f} ms link: samples/s per window",
+                        xlabel=f"batch (windows of {WINDOW})")
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
-    for name, res in results.items():
-        ws = _windows(res)
-        ax.plot([w["batch"] for w in ws], [w["samples_per_s"] for w in ws], marker=".",
-                label=f"{name} ({res['samples_per_s']:.1f} samples/s overall)")
-    ax.set_xlabel(f"batch (windows of {WINDOW})")
-    ax.set_ylabel("samples/s")
-    ax.set_ylim(bottom=0)
-    ax.set_title(f"maze training over a {ctx.rtt_ms:.0f} ms link: samples/s per window")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(Path(ctx.out_dir) / "maze_throughput.png", dpi=100)
-    plt.close(fig)
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = report.pyplot().subplots(figsize=(8, 4.5))
     styles = ["-", "--", ":", "-."]
     for i, (name, res) in enumerate(results.items()):
         ax.plot(range(1, len(res["loss_curve"]) + 1), res["loss_curve"],
@@ -196,14 +186,10 @@ def _plots(ctx, results: dict[str, dict]) -> None:
     ax.set_title("maze training: loss curves (identical bytes give identical curves)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(Path(ctx.out_dir) / "maze_loss.png", dpi=100)
-    plt.close(fig)
+    report.save_figure(fig, out / "maze_loss.png")
 
 
 def scenario(ctx) -> list[dict]:
-    from bench.runner import _Watchdog, _plain
-
     cfg = config(ctx.quick)
     man = _prepare(ctx, cfg)
     systems = [s for s in ctx.systems if s != "link"]
@@ -211,36 +197,30 @@ def scenario(ctx) -> list[dict]:
         ctx.notes.append("maze: no link row (the job is compute-bound; see the samples "
                          "scenario for the per-file ceiling)")
     out_base = Path(ctx.out_dir) / "maze"
-    rows: list[dict] = []
     results: dict[str, dict] = {}
     ckpt_digest: dict[str, str] = {}
-    limit = _limit_s(cfg)
 
-    for system in systems:
-        ctx.log(f"maze: train on {system} ({cfg['steps']} steps x {cfg['batch_size']})")
-        base = {"scenario": "maze", "system": system}
-        try:
-            with ctx.mount(system) as m, _Watchdog(m, limit):
-                # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
-                pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
-                pids += _remote_side_pids(ctx)
-                cpu0 = _cpu_s(pids)
-                r = ctx.measure(m, "train", lambda: _as_row(_train(
-                    ctx, m.root / PREFIX, out_base / system, cfg)))
-                cpu1 = _cpu_s(pids)
-                r["mount"] = _plain(m.info)
-            d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
-            r["daemon_cpu_s"] = d[0]
-            r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
-            res = r.pop("_result")
-            results[system] = res
-            ckpt = Path(res["checkpoint"])
-            ckpt_digest[system] = _upload_checkpoint(ctx, ckpt, f"{PREFIX}/checkpoints/{system}")
-            rows.append({**base, **r})
-        except KeyboardInterrupt:
-            raise
-        except Exception as exc:  # one system failing is a row, not the end of the run
-            rows.append(ctx.error_row(base, "train", exc))
+    def train(ctx, m) -> list[dict]:
+        # the mount daemon (rclone/s3fs: their process; neuralcache: its stats)
+        pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
+        pids += _remote_side_pids(ctx)
+        cpu0 = _cpu_s(pids)
+        r = ctx.measure(m, "train", lambda: _as_row(_train(
+            ctx, m.root / PREFIX, out_base / m.name, cfg)))
+        cpu1 = _cpu_s(pids)
+        d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
+        r["daemon_cpu_s"] = d[0]
+        r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
+        r["checkpoint_xxh64"] = _upload_checkpoint(ctx, Path(r["_result"]["checkpoint"]),
+                                                   f"{PREFIX}/checkpoints/{m.name}")
+        return [r]
+
+    rows = ctx.each_mounted("maze", systems, train, timeout_s=_limit_s(cfg), phase="train",
+                            step=f"train ({cfg['steps']} steps x {cfg['batch_size']})")
+    for r in rows:                      # the systems that trained and unmounted cleanly
+        if "_result" in r:
+            results[r["system"]] = r.pop("_result")
+            ckpt_digest[r["system"]] = r["checkpoint_xxh64"]
 
     # Compare each run with local: the same bytes in the same order, the same loss curve.
     ref = results.get("local")
@@ -264,17 +244,13 @@ def scenario(ctx) -> list[dict]:
         ctx.notes.append(f"maze ttft: a fresh `python -m bench.maze.ttft` process loads "
                          f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
                          "a fresh mount with an empty cache; local: page cache dropped first")
-        for system in systems:
-            base = {"scenario": "maze", "system": system}
-            try:
-                with ctx.mount(system) as m, _Watchdog(m, 600):
-                    ck = m.root / PREFIX / "checkpoints" / source
-                    r = ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / system))
-                rows.append({**base, **r})
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                rows.append(ctx.error_row(base, "ttft", exc))
+
+        def ttft(ctx, m) -> list[dict]:
+            ck = m.root / PREFIX / "checkpoints" / source
+            return [ctx.measure(m, "ttft", lambda: _ttft_row(ck, out_base / m.name))]
+
+        rows += ctx.each_mounted("maze", systems, ttft, timeout_s=TTFT_LIMIT_S, phase="ttft",
+                                 step="ttft")
 
     if results:
         ctx.notes.extend(_summary(results, rows, cfg, man))

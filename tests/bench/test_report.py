@@ -49,3 +49,9 @@ def test_registry_is_extensible():
         assert SCENARIOS["dummy"](None) == []
     finally:
         del SCENARIOS["dummy"]
+
+
+def test_plots_draw_bars_and_train_windows(tmp_path):
+    made = report.plots(report.annotate(_rows()), tmp_path)
+    assert [p.name for p in made] == ["shards.png", "train.png"]
+    assert all(p.stat().st_size > 1000 for p in made)

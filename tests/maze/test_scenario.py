@@ -46,3 +46,14 @@ def test_maze_rows_in_the_table():
     assert "BYTES DIFFER" in rc and "at batch never" in rc
     loc = next(ln for ln in text.splitlines() if " local " in ln)
     assert "within 5%" not in loc and "bytes ==" not in loc
+
+
+def test_maze_plots_throughput_and_loss(tmp_path):
+    import types
+
+    res = {"samples_per_s": 90.0, "loss_curve": [2.0, 1.0, 0.5],
+           "windows": [{"last_step": s, "samples_per_s": 90.0, "stall_fraction": 0.1,
+                        "loss": 1.0} for s in (10, 20, 30)]}
+    scenario._plots(types.SimpleNamespace(out_dir=tmp_path, rtt_ms=60), {"local": res})
+    for name in ("maze_throughput.png", "maze_loss.png"):
+        assert (tmp_path / name).stat().st_size > 1000
