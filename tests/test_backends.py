@@ -175,7 +175,7 @@ def test_s3_object_urls_match_botocore(region, monkeypatch):
     for name in ("my-bucket", "t.dotted.data"):
         for endpoint in (None, "http://127.0.0.1:9"):
             b = S3Backend(name, endpoint_url=endpoint, region=region)
-            base = b._base
+            base = b._target[1]
             assert _botocore_url(b._client, name) == base + "/k", (name, endpoint)
             b.close()
             if endpoint:
@@ -232,3 +232,14 @@ def test_s3_one_error_table(status, code, kind, monkeypatch):
     if code == "NoSuchBucket":
         assert "does not exist" in str(direct.value)
 
+
+def test_s3_pinned_region_read_redirect_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    b = S3Backend("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    b._pool = _FakePool(301, b"<Error><Code>PermanentRedirect</Code></Error>",
+                        {"x-amz-bucket-region": "eu-west-1"})
+    with pytest.raises(Unavailable) as e:
+        b._direct_read("k", 0, 10, "")
+    assert "eu-west-1" in str(e.value) and "--region" in str(e.value)
+    assert b.region == "us-east-1"
