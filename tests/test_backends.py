@@ -1,13 +1,17 @@
-"""One contract test over every backend (S3 on a real SeaweedFS, and POSIX)."""
+"""One contract test over every backend (S3 on a real SeaweedFS, and POSIX), and the S3
+backend's URL choice and error table without a server."""
+import io
 import os
 import time
 
 import boto3
 import pytest
+import urllib3
 
 from conftest import new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
-from neuralcache.backends.s3 import S3Backend, describe_check_error
+from neuralcache import retry
+from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
 from neuralcache.errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 
 FILES = {
@@ -129,3 +133,113 @@ def test_posix_symlink_escape_is_skipped(tmp_path):
     os.symlink(tmp_path / "secret", root / "escape")
     keys = {o.key for o in open_backend(str(root)).list_all()}
     assert keys == {"ok.txt"}
+
+
+# -- S3 without a server: the URL choice and the one error table ------------------------
+class _Seen(Exception):
+    pass
+
+
+def _botocore_url(client, bucket, key="k"):
+    """The URL the botocore client would send a GetObject to (nothing is sent)."""
+    def grab(request, **kw):
+        raise _Seen(request.url)
+
+    client.meta.events.register("before-send.s3.GetObject", grab)
+    try:
+        client.get_object(Bucket=bucket, Key=key)
+    except _Seen as seen:
+        return str(seen)
+    finally:
+        client.meta.events.unregister("before-send.s3.GetObject", grab)
+    raise AssertionError("no request")
+
+
+BUCKET_NAMES = ["my-bucket", "a.b.c", "t.dotted.data", "123bucket", "12345", "ab", "UPPER",
+                "bucket_x", "xn--abc", "192.168.1.1", "a-b-", "a--b", "x" * 63]
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1", "cn-north-1"])
+def test_s3_object_urls_match_botocore(region, monkeypatch):
+    """Ranged GETs go where botocore sends requests: on AWS ("auto" addressing)
+    virtual-hosted for DNS-compatible names without dots, path style otherwise (the TLS
+    wildcard does not cover dotted names); path style on a custom endpoint."""
+    from botocore.config import Config
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    auto = boto3.client("s3", region_name=region, config=Config(s3={"addressing_style": "auto"}))
+    for name in BUCKET_NAMES:
+        assert _botocore_url(auto, name) == aws_object_base_url(name, region) + "/k", name
+    # the backend's own client and its direct URL agree, on AWS and on an endpoint
+    for name in ("my-bucket", "t.dotted.data"):
+        for endpoint in (None, "http://127.0.0.1:9"):
+            b = S3Backend(name, endpoint_url=endpoint, region=region)
+            base = b._target[1]
+            assert _botocore_url(b._client, name) == base + "/k", (name, endpoint)
+            b.close()
+            if endpoint:
+                assert base == f"{endpoint}/{name}"
+            elif "." in name:
+                assert base.endswith(f"amazonaws.com{'.cn' * region.startswith('cn-')}/{name}")
+            else:
+                assert base.startswith(f"https://{name}.s3.")
+    assert aws_object_base_url("data", "eu-west-1") == "https://data.s3.eu-west-1.amazonaws.com"
+    assert aws_object_base_url("a.b", "eu-west-1") == "https://s3.eu-west-1.amazonaws.com/a.b"
+
+
+class _FakePool:
+    """Answers every direct GET with one canned response."""
+    def __init__(self, status, body=b"", headers=None):
+        self.status, self.body, self.headers = status, body, headers or {}
+
+    def request(self, method, url, **kw):
+        return urllib3.HTTPResponse(body=io.BytesIO(self.body), status=self.status,
+                                    headers=self.headers, preload_content=False)
+
+    def clear(self):
+        pass
+
+
+@pytest.mark.parametrize("status,code,kind", [
+    (404, "NoSuchKey", NotFound), (404, "NoSuchBucket", NotFound), (404, "", NotFound),
+    (412, "PreconditionFailed", VersionChanged), (416, "InvalidRange", VersionChanged),
+    (403, "AccessDenied", PermissionDenied), (403, "", PermissionDenied),
+    (400, "ExpiredToken", PermissionDenied), (503, "SlowDown", retry.Transient),
+    (500, "", retry.Transient), (429, "", retry.Transient), (400, "InvalidArgument", Unavailable),
+    (301, "PermanentRedirect", Unavailable),
+])
+def test_s3_one_error_table(status, code, kind, monkeypatch):
+    """A direct ranged GET's answer and the same answer through botocore (ClientError)
+    mean the same domain error."""
+    from botocore.exceptions import ClientError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    b = S3Backend("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    body = f"<Error><Code>{code}</Code><Message>m</Message></Error>".encode() if code else b""
+    b._pool = _FakePool(status, body)
+    with pytest.raises(BaseException) as direct:
+        b._direct_read("k", 0, 10, "v")
+    err = ClientError({"Error": {"Code": code or str(status), "Message": "m"},
+                       "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    via_botocore = b._classify(err, "read k@0+10")
+    for e in (direct.value, via_botocore):
+        assert type(e) is kind, (e, kind)
+        if isinstance(e, retry.Transient):
+            assert isinstance(e.cause, Unavailable)
+    assert str(direct.value) == str(via_botocore)
+    if code == "NoSuchBucket":
+        assert "does not exist" in str(direct.value)
+
+
+def test_s3_pinned_region_read_redirect_says_what_to_do(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    b = S3Backend("bkt", endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    b._pool = _FakePool(301, b"<Error><Code>PermanentRedirect</Code></Error>",
+                        {"x-amz-bucket-region": "eu-west-1"})
+    with pytest.raises(Unavailable) as e:
+        b._direct_read("k", 0, 10, "")
+    assert "eu-west-1" in str(e.value) and "--region" in str(e.value)
+    assert b.region == "us-east-1"

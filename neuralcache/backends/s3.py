@@ -7,15 +7,31 @@ a botocore GetObject costs ~2.7 ms of CPU, the direct request ~1.25 ms on 100 KB
 objects (`python -m bench.micro get-cpu`), and a Python daemon serving 100 KB samples is CPU-bound on exactly
 that.  All of it is blocking; callers run these methods in worker threads.  Retries
 are ours (``neuralcache.retry``); botocore's own are off so that one policy applies.
+
+Regions: botocore follows a bucket's region redirect, our hand-signed GETs do not, so
+``check()`` learns the bucket's region (HeadBucket's ``x-amz-bucket-region``) and every
+later request is signed (and on AWS addressed) for it; a ranged GET answered 301/307/400
+with that header switches too.  ``--region`` pins the region: a bucket elsewhere fails
+the mount check in one line.  Credentials are asked of the session per request, so a
+refreshable provider's renewals are used.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
-from urllib.parse import quote
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
+from urllib.parse import quote
+
+import boto3
+import urllib3
+from botocore import exceptions as bex
+from botocore.auth import S3SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.config import Config
+from botocore.httpsession import get_cert_path
 
 from .. import retry
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
@@ -31,139 +47,207 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 5.0
 # Threads listing directory prefixes in parallel at mount time (one round trip each).
 LIST_WORKERS = 16
-# Error codes that mean "try again" (AWS retry guidance plus throttling codes).
-_TRANSIENT_CODES = {"500", "502", "503", "504", "InternalError", "ServiceUnavailable",
-                    "SlowDown", "RequestTimeout", "RequestTimeTooSkewed", "Throttling",
-                    "ThrottlingException", "RequestLimitExceeded"}
-_DENIED_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
-                 "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AccountProblem"}
+# One table for every error the remote answers, whether botocore raised it (listing,
+# stat, the mount check) or a direct ranged GET got it: an error code, or else the HTTP
+# status, names what happened.  5xx statuses not listed are transient too.
+_ERROR_KINDS: dict[str, str] = {
+    "NoSuchBucket": "no-bucket",
+    **dict.fromkeys(("NoSuchKey", "NotFound", "404"), "not-found"),
+    **dict.fromkeys(("PreconditionFailed", "412", "InvalidRange", "416"), "changed"),
+    **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                     "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AccountProblem",
+                     "403"), "denied"),
+    **dict.fromkeys(("PermanentRedirect", "TemporaryRedirect", "301", "307"), "region"),
+    # AWS retry guidance plus throttling codes
+    **dict.fromkeys(("InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                     "RequestTimeTooSkewed", "Throttling", "ThrottlingException",
+                     "RequestLimitExceeded", "408", "429", "500", "502", "503", "504"),
+                    "transient"),
+}
+# Answers that may name the bucket's real region (x-amz-bucket-region): a redirect, or
+# 400 AuthorizationHeaderMalformed when a request reached the right endpoint signed for
+# the wrong region.
+_REGION_STATUSES = (301, 307, 400)
+_XML_CODE = re.compile(rb"<Code>([^<]{1,64})</Code>")
+_XML_REGION = re.compile(rb"<Region>([a-z0-9-]{1,32})</Region>")
+_XML_MESSAGE = re.compile(rb"<Message>([^<]{0,300})</Message>")
+# Bucket names botocore's "auto" addressing puts in the host name (virtual-hosted):
+# 3-63 lowercase letters, digits and hyphens, alphanumeric at both ends.  Names with
+# dots go path style: the TLS wildcard *.s3.REGION.amazonaws.com covers one label.
+_VIRTUAL_HOSTABLE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
+
+
+def aws_object_base_url(bucket: str, region: str) -> str:
+    """URL prefix of a bucket's objects on AWS, as botocore's "auto" addressing style
+    chooses it: ``https://BUCKET.s3.REGION.amazonaws.com`` for DNS-compatible names
+    without dots, else ``https://s3.REGION.amazonaws.com/BUCKET``.  us-east-1 uses the
+    global host s3.amazonaws.com, as botocore does."""
+    suffix = "amazonaws.com.cn" if region.startswith("cn-") else "amazonaws.com"
+    host = f"s3.{suffix}" if region == "us-east-1" else f"s3.{region}.{suffix}"
+    if _VIRTUAL_HOSTABLE.fullmatch(bucket):
+        return f"https://{bucket}.{host}"
+    return f"https://{host}/{quote(bucket, safe='')}"
 
 
 class S3Backend:
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, concurrency: int = 32,
                  profile: str | None = None):
-        import boto3
-        from botocore.config import Config
-
         self.bucket = bucket
         self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.description = f"s3://{bucket}/{self.prefix}"
         self.endpoint_url = endpoint_url
-        from botocore.exceptions import ProfileNotFound
-
         try:
             session = boto3.session.Session(profile_name=profile)
-        except ProfileNotFound:
+        except bex.ProfileNotFound:
             raise UserError(f"AWS profile {profile!r} not found in ~/.aws/config or "
                             "~/.aws/credentials") from None
-        cfg = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                     retries={"max_attempts": 1, "mode": "standard"},
-                     max_pool_connections=concurrency + LIST_WORKERS,
-                     s3={"addressing_style": "path" if endpoint_url else "auto"},
-                     tcp_keepalive=True)
-        self._client = session.client("s3", endpoint_url=endpoint_url,
-                                       region_name=region or session.region_name or "us-east-1",
-                                       config=cfg)
-        self._lock = threading.Lock()
-        self.retries = 0  # transient failures retried (read by stats)
         self._session = session
-        self._region = self._client.meta.region_name
-        self._base = self._object_base_url(endpoint_url)
+        self._config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
+                              retries={"max_attempts": 1, "mode": "standard"},
+                              max_pool_connections=concurrency + LIST_WORKERS,
+                              s3={"addressing_style": "path" if endpoint_url else "auto"},
+                              tcp_keepalive=True)
+        # --region: the user's word, checked against the bucket's, never changed.
+        # Otherwise the client's region (AWS config, else us-east-1) until check() or a
+        # read learns the bucket's.
+        self._pinned_region = region
+        self._client = self._make_client(region or session.region_name or "us-east-1")
+        self._lock = threading.Lock()          # the retries counter
+        self._region_lock = threading.Lock()   # switching region
+        self.retries = 0  # transient failures retried (read by stats)
+        # (signing region, object URL prefix): one tuple, replaced whole, so a reader
+        # never signs for one region and sends to another's URL.
+        region_now = self._client.meta.region_name
+        self._target = (region_now, self._object_base_url(region_now))
         self._pool = self._make_pool(concurrency)
 
+    def _make_client(self, region: str):
+        return self._session.client("s3", endpoint_url=self.endpoint_url, region_name=region,
+                                    config=self._config)
+
+    @property
+    def region(self) -> str:
+        """The region requests are signed for (and, on AWS, addressed to)."""
+        return self._target[0]
+
+    def _use_region(self, region: str, why: str) -> None:
+        """Sign and address every later request for ``region`` (thread-safe; the first
+        thread to learn it switches and logs, the others find it done)."""
+        with self._region_lock:
+            if self._target[0] == region:
+                return
+            old = self._target[0]
+            self._client = self._make_client(region)   # in-flight calls keep the old one
+            self._target = (region, self._object_base_url(region))
+        log.info("bucket %r is in region %s (%s; was signing for %s)", self.bucket, region,
+                 why, old)
+
     # -- the direct read path ---------------------------------------------------------
-    def _object_base_url(self, endpoint_url: str | None) -> str:
+    def _object_base_url(self, region: str) -> str:
         """URL prefix of this bucket's objects: path style on a custom endpoint (what
-        S3-compatible stores expect), virtual-hosted on AWS for DNS-safe names."""
-        if endpoint_url:
-            return endpoint_url.rstrip("/") + "/" + quote(self.bucket, safe="")
-        host = f"s3.{self._region}.amazonaws.com"
-        if "." not in self.bucket and self.bucket.islower():
-            return f"https://{self.bucket}.{host}"
-        return f"https://{host}/{quote(self.bucket, safe='')}"
+        S3-compatible stores expect), botocore's "auto" choice on AWS."""
+        if self.endpoint_url:
+            return self.endpoint_url.rstrip("/") + "/" + quote(self.bucket, safe="")
+        return aws_object_base_url(self.bucket, region)
 
     def _make_pool(self, concurrency: int):
-        import urllib3
-
         kw = dict(maxsize=concurrency + 8, block=False, retries=False,
                   timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S))
-        if self._base.startswith("https://"):
-            from botocore.httpsession import get_cert_path
-
+        if self._target[1].startswith("https://"):
             kw.update(cert_reqs="CERT_REQUIRED",
                       ca_certs=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
         return urllib3.PoolManager(num_pools=4, **kw)
 
-    def _signed_get(self, key: str, headers: dict[str, str], method: str = "GET"):
-        from botocore.auth import S3SigV4Auth
-        from botocore.awsrequest import AWSRequest
-
+    def _signed_get(self, key: str, headers: dict[str, str], method: str = "GET",
+                    target: tuple[str, str] | None = None):
+        region, base = target or self._target
+        # Asked for per request: a refreshable provider (SSO, assume-role,
+        # credential_process, instance metadata) renews them before they expire.
         creds = self._session.get_credentials()
         if creds is None:
-            from botocore.exceptions import NoCredentialsError
-            raise NoCredentialsError()
-        url = self._base + "/" + quote(self.prefix + key, safe="/~")
+            raise bex.NoCredentialsError()
+        url = base + "/" + quote(self.prefix + key, safe="/~")
         req = AWSRequest(method=method, url=url, headers=headers)
-        S3SigV4Auth(creds.get_frozen_credentials(), "s3", self._region).add_auth(req)
+        S3SigV4Auth(creds.get_frozen_credentials(), "s3", region).add_auth(req)
         return self._pool.request(method, url, headers=dict(req.headers.items()),
                                   preload_content=False, redirect=False)
 
     def _direct_read(self, key: str, offset: int, length: int, version: str) -> bytes:
-        import urllib3
-
         headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
         if version:
             headers["If-Match"] = f'"{version}"'
         what = f"read {key}@{offset}+{length}"
-        try:
-            resp = self._signed_get(key, headers)
+        for _ in range(2):    # a second try only after learning the bucket's region
+            target = self._target
             try:
-                status = resp.status
-                data = resp.read() if status in (200, 206) else resp.read(4096)
-            finally:
-                resp.release_conn()
-        except urllib3.exceptions.HTTPError as exc:   # timeouts, resets, refused
-            raise retry.Transient(Unavailable(f"{what}: connection failed: {exc}")) from None
-        if status in (200, 206):
-            if status == 200 and offset == 0 and len(data) > length:
-                data = data[:length]      # a server that ignored Range on a whole object
-            if len(data) != length:
-                raise retry.Transient(Unavailable(f"{what}: short read: {len(data)} bytes"))
-            return data
-        if status == 404:
-            raise NotFound(f"{what}: not found")
-        if status in (412, 416):
-            raise VersionChanged(f"{what}: object changed on the remote")
-        if status == 403:
-            raise PermissionDenied(f"{what}: access denied; check the credentials "
-                                   "(AWS_ACCESS_KEY_ID/AWS_PROFILE)")
-        if status >= 500 or status in (408, 429):
-            raise retry.Transient(Unavailable(f"{what}: remote error {status}"))
-        raise Unavailable(f"{what}: unexpected HTTP status {status}")
+                resp = self._signed_get(key, headers, target=target)
+                try:
+                    status = resp.status
+                    data = resp.read() if status in (200, 206) else resp.read(4096)
+                    found = resp.headers.get("x-amz-bucket-region")
+                finally:
+                    resp.release_conn()
+            except urllib3.exceptions.HTTPError as exc:   # timeouts, resets, refused
+                raise retry.Transient(Unavailable(f"{what}: connection failed: {exc}")) from None
+            if status in (200, 206):
+                if status == 200 and offset == 0 and len(data) > length:
+                    data = data[:length]      # a server that ignored Range on a whole object
+                if len(data) != length:
+                    raise retry.Transient(Unavailable(f"{what}: short read: {len(data)} bytes"))
+                return data
+            code = m.group(1).decode() if (m := _XML_CODE.search(data)) else ""
+            if status in _REGION_STATUSES and not found and (m := _XML_REGION.search(data)):
+                found = m.group(1).decode()
+            if (status in _REGION_STATUSES and found and found != target[0]
+                    and self._pinned_region is None):
+                self._use_region(found, f"a read was answered {status} {code}".rstrip())
+                continue
+            break
+        message = m.group(1).decode(errors="replace") if (m := _XML_MESSAGE.search(data)) else ""
+        raise self._error(what, status, code, message,
+                          found=found if found != target[0] else None)
 
     # -- error translation -------------------------------------------------------
+    def _error(self, what: str, status: int | None, code: str = "", message: str = "",
+               found: str | None = None) -> BaseException:
+        """The domain error for an error answer (code and/or HTTP status), from the one
+        table; ``retry.Transient`` wraps retryable ones.  ``found``: the region the
+        answer says the bucket is in, if it differs from the one signed for."""
+        kind = _ERROR_KINDS.get(code) or _ERROR_KINDS.get(str(status))
+        if kind is None and status and status >= 500:
+            kind = "transient"
+        if found and kind in (None, "region"):
+            kind = "region"
+        if kind == "no-bucket":
+            return NotFound(f"bucket {self.bucket!r} does not exist at "
+                            f"{self.endpoint_url or 'AWS'}")
+        if kind == "not-found":
+            return NotFound(f"{what}: not found")
+        if kind == "changed":
+            return VersionChanged(f"{what}: object changed on the remote")
+        if kind == "denied":
+            return PermissionDenied(f"{what}: access denied ({code or status}); check the "
+                                    "credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE)")
+        if kind == "transient":
+            return retry.Transient(Unavailable(f"{what}: remote error {code or status}"))
+        if kind == "region":
+            where = f"region {found}" if found else "another region"
+            fix = ("correct or drop --region" if self._pinned_region
+                   else "pass --region with the bucket's region")
+            return Unavailable(f"{what}: bucket {self.bucket!r} is in {where}, not "
+                               f"{self.region} ({code or status}); {fix}")
+        return Unavailable(f"{what}: {code or status}: {message}".rstrip(": "))
+
     def _classify(self, exc: BaseException, what: str) -> BaseException:
         """Domain error for a botocore exception; Transient wraps retryable ones."""
-        from botocore import exceptions as bex
-
         if isinstance(exc, bex.ClientError):
             err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
-            status = str(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-            if code in ("NoSuchBucket",):
-                return NotFound(f"bucket {self.bucket!r} does not exist at "
-                                f"{self.endpoint_url or 'AWS'}")
-            if code in ("NoSuchKey", "404", "NotFound") or status == "404":
-                return NotFound(f"{what}: not found")
-            if code in ("PreconditionFailed", "412") or status == "412":
-                return VersionChanged(f"{what}: object changed on the remote")
-            if code in _DENIED_CODES or status == "403":
-                return PermissionDenied(f"{what}: access denied ({code}); check the "
-                                        "credentials (AWS_ACCESS_KEY_ID/AWS_PROFILE)")
-            if code in _TRANSIENT_CODES or status.startswith("5"):
-                return retry.Transient(Unavailable(f"{what}: remote error {code}"))
-            return Unavailable(f"{what}: {code or status}: {err.get('Message', '')}")
+            meta = exc.response.get("ResponseMetadata", {})
+            found = meta.get("HTTPHeaders", {}).get("x-amz-bucket-region") or err.get("Region")
+            return self._error(what, meta.get("HTTPStatusCode"), str(err.get("Code", "")),
+                               err.get("Message", ""),
+                               found=found if found != self.region else None)
         if isinstance(exc, bex.NoCredentialsError):
             return PermissionDenied("no AWS credentials found: set AWS_ACCESS_KEY_ID and "
                                     "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE")
@@ -202,6 +286,42 @@ class S3Backend:
                    lambda: self._client.list_objects_v2(Bucket=self.bucket,
                                                         Prefix=self.prefix, MaxKeys=1),
                    attempts=2)
+        # botocore follows a region redirect for the listing above; our ranged GETs do
+        # not (they are signed by hand), so learn the bucket's region now.
+        found = self._bucket_region()
+        now = self.region
+        if found is None:
+            log.info("bucket %r: the server reports no region; signing for %s",
+                     self.bucket, now)
+        elif found == now:
+            log.info("bucket %r is in region %s%s", self.bucket, found,
+                     " (--region)" if self._pinned_region else "")
+        elif self._pinned_region:
+            raise UserError(f"bucket {self.bucket!r} is in region {found}, not "
+                            f"{self._pinned_region} (--region): drop --region (the region "
+                            "is found automatically) or correct it")
+        else:
+            self._use_region(found, "HeadBucket")
+
+    def _bucket_region(self) -> str | None:
+        """The region the server says the bucket is in (HeadBucket's
+        x-amz-bucket-region, on success or on a 301/400/403 answer); None if it does
+        not say (SeaweedFS, MinIO without a region) or cannot be asked."""
+        def head():
+            try:
+                meta = self._client.head_bucket(Bucket=self.bucket)["ResponseMetadata"]
+            except bex.ClientError as exc:
+                meta = exc.response.get("ResponseMetadata", {})
+                if "x-amz-bucket-region" not in meta.get("HTTPHeaders", {}):
+                    raise
+            return meta.get("HTTPHeaders", {}).get("x-amz-bucket-region") or None
+
+        try:
+            return self._call(f"find the region of s3://{self.bucket}", head, attempts=2)
+        except (NotFound, PermissionDenied, Unavailable) as exc:
+            log.warning("cannot find the region of bucket %r (%s); signing for %s",
+                        self.bucket, exc, self.region)
+            return None
 
     def _list_dir(self, prefix: str) -> tuple[list[ObjectInfo], list[str]]:
         objs: list[ObjectInfo] = []
