@@ -10,7 +10,7 @@ import urllib3
 
 from conftest import new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
-from neuralcache import retry
+from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
 from neuralcache.errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 

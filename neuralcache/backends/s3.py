@@ -33,7 +33,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
-from .. import retry
+from . import retry
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 
