@@ -91,7 +91,9 @@ def _port(v):
 OPTIONS: dict[str, tuple] = {
     "endpoint_url": (str, "S3 endpoint URL for S3-compatible stores (default: AWS, or "
                           "$AWS_ENDPOINT_URL)"),
-    "region": (str, "S3 region (default: from the AWS config, else us-east-1)"),
+    "region": (str, "S3 region of the bucket (default: the one the bucket reports at "
+                    "mount, else the AWS config's, else us-east-1; if given, it must "
+                    "match what the bucket reports)"),
     "profile": (str, "AWS profile from ~/.aws/config (default: $AWS_PROFILE or the "
                      "default chain)"),
     "cache_dir": (os.path.expanduser, "directory of the persistent disk cache "

@@ -6,7 +6,7 @@ the hot path, are signed with botocore's SigV4 signer and sent with urllib3 dire
 a botocore GetObject costs ~2.7 ms of CPU, the direct request ~1.25 ms on 100 KB
 objects (`python -m bench.micro get-cpu`), and a Python daemon serving 100 KB samples is CPU-bound on exactly
 that.  All of it is blocking; callers run these methods in worker threads.  Retries
-are ours (``neuralcache.retry``); botocore's own are off so that one policy applies.
+are ours (``neuralcache.backends.retry``); botocore's own are off so that one policy applies.
 
 Regions: botocore follows a bucket's region redirect, our hand-signed GETs do not, so
 ``check()`` learns the bucket's region (HeadBucket's ``x-amz-bucket-region``) and every
