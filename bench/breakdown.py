@@ -130,7 +130,8 @@ def report(rows: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1G", help="big file size (default 1G)")
-    ap.add_argument("--files", type=int, default=2000, help="small files (default 2000)")
+    ap.add_argument("--files", type=int, default=2000,
+                    help="small files (default 2000; 0 skips that workload)")
     ap.add_argument("--file-size", default="100K", help="small file size (default 100K)")
     ap.add_argument("--readers", type=int, default=8, help="reader threads (default 8)")
     ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip")
@@ -183,10 +184,11 @@ def main(argv=None) -> int:
                 drop_page_cache()
                 with mount("c1") as mnt:
                     rows["bigfile disk"] = measure(mnt, proxy, bigread(mnt))
-                drop_page_cache()
-                with mount("c2") as mnt:
-                    rows["files cold"] = measure(
-                        mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 1))
+                if names:
+                    drop_page_cache()
+                    with mount("c2") as mnt:
+                        rows["files cold"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"CPU breakdown, {a.rtt_ms:.0f} ms RTT, {size / GIB:.2f} GiB file, {a.files} x "

@@ -50,7 +50,6 @@ KERNEL_READAHEAD_KB = 16384
 WARM_CONNECTIONS = 32
 # glibc malloc arenas (see _limit_malloc_arenas).
 MALLOC_ARENAS = 2
-MMAP_THRESHOLD = 64 << 10
 
 
 def check_mountpoint(path: str) -> str:
@@ -303,22 +302,20 @@ async def _on_signals() -> None:
 
 
 def _limit_malloc_arenas() -> None:
-    """glibc gives each thread that allocates its own malloc arena (up to 8 x cores)
-    and raises its mmap threshold after the first large free; with ~70 worker threads
-    moving MiB-sized buffers both let RSS drift far above the configured caches.  Two
-    arenas and a fixed threshold bound that.  (Set while chasing the soak test's RSS;
-    the leak itself was lru-dict's popitem, and this setting's own effect was not
-    measured in isolation.)"""
+    """glibc gives each thread that allocates its own malloc arena (up to 8 x cores);
+    with ~70 worker threads moving MiB-sized buffers that lets RSS drift far above the
+    configured caches, so two arenas.  (Set while chasing the soak test's RSS; the leak
+    itself was lru-dict's popitem.)  The mmap threshold is left to glibc: a fixed 64 KiB
+    one made every block and every 1 MiB reply a fresh mmap, page-faulted and zeroed,
+    which cost 0.5-3 CPU-s per GiB (`python -m bench.breakdown --files 0`, two runs
+    each way, 1 GiB cold: 8.9 -> 5.9 and 3.9 -> 3.4 CPU-s/GiB; from the disk cache:
+    2.6 -> 1.8 and 2.2 -> 1.6) without changing the soak test's peak RSS bound."""
     try:
         import ctypes
 
         libc = ctypes.CDLL("libc.so.6")
-        M_ARENA_MAX, M_MMAP_THRESHOLD = -8, -3
+        M_ARENA_MAX = -8
         libc.mallopt(M_ARENA_MAX, MALLOC_ARENAS)
-        # A fixed mmap threshold: blocks and FUSE replies (64 KiB..8 MiB) are mmapped
-        # and returned to the OS when freed, instead of glibc raising the threshold
-        # after the first free and fragmenting the heap.
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     except (OSError, AttributeError):
         pass
 
