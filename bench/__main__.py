@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from bench.systems import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
-        print(f"{name:10} {(fn.__doc__ or '').strip().splitlines()[0]}{extra}")
+        doc = (fn.__doc__ or "").strip().splitlines() or ["-"]
+        print(f"{name:10} {doc[0]}{extra}")
     print("systems:", ", ".join(ALL_SYSTEMS))
     print(f"{HINTS_SYSTEM} runs only in: {', '.join(HINTED)} (the scenarios that publish hints)")
     return 0

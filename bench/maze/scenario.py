@@ -190,6 +190,7 @@ def _plots(ctx, results: dict[str, dict]) -> None:
 
 
 def scenario(ctx) -> list[dict]:
+    """The maze LLaMA trained from each system, then its cold time-to-first-token."""
     cfg = config(ctx.quick)
     man = _prepare(ctx, cfg)
     systems = [s for s in ctx.systems if s != "link"]
