@@ -2,7 +2,6 @@
 input and a short soak.  The long forms (2 GiB of verified reads, 10-minute soak) are
 in bench/ (python -m bench.soak)."""
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -15,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.ncmount import stats
 from bench.seaweed import SeaweedServer
 from bench.soak import random_reads
+from bench.systems import drop_page_cache
 from bench.wan import WanProxy
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
@@ -25,17 +26,6 @@ from neuralcache.cache import DiskTier
 pytestmark = [needs_fuse, pytest.mark.e2e]
 MB = 1 << 20
 SOAK_EXTRA = os.environ.get("NC_SOAK_EXTRA", "").split()
-
-
-def stats(mp) -> dict:
-    return json.loads((Path(mp) / ".neuralcache" / "stats.json").read_text())
-
-
-def drop_page_cache() -> None:
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +74,12 @@ def test_remote_outage_then_recovery(tmp_path, files):
             assert (mp / "f/00.bin").read_bytes() == files["f/00.bin"]
             time.sleep(0.5)
             sw.stop()
-            drop_page_cache()
-            # cached data stays readable
+            served = stats(mp)["bytes_served"]
+            # the kernel's copy goes (drop_caches as root, else fadvise on the file) ...
+            assert drop_page_cache([mp / "f/00.bin"]) != "none"
+            # ... so the cached data that stays readable comes from the daemon's cache
             assert digest((mp / "f/00.bin").read_bytes()) == digest(files["f/00.bin"])
+            assert stats(mp)["bytes_served"] - served >= len(files["f/00.bin"])
             # uncached data fails fast with EIO instead of hanging
             t0 = time.monotonic()
             with pytest.raises(OSError) as e:
