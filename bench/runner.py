@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench import report
 from bench.harness import Ctx, log
-from bench.scenarios import DEFAULT, SCENARIOS, hints_note, systems_for
+from bench.scenarios import DEFAULT, SCENARIOS, hints_note, missing_requirements, systems_for
 from bench.seaweed import SeaweedServer
 from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
 from bench.wan import WanProxyProcess
@@ -48,6 +48,10 @@ def run(args) -> int:
         print(f"unknown system(s) {bad}; known: {', '.join(ALL_SYSTEMS)}", file=sys.stderr)
         return 2
     systems = [s for s in ALL_SYSTEMS if s in systems]   # canonical order: link, local, ...
+    missing = missing_requirements(names)      # before anything is generated or started
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work_dir).resolve() if args.work_dir else out / "work"

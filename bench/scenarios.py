@@ -23,15 +23,29 @@ DEFAULT: list[str] = []
 # would be the same as neuralcache, so it does not run there.
 HINTED: list[str] = []
 HINTS_SYSTEM = "neuralcache-hints"
+# name -> fn() -> None, or one line saying what to install (asked before a run starts).
+REQUIRES: dict[str, Callable[[], str | None]] = {}
 
 
-def register(name: str, fn: Callable, default: bool = False, hints: bool = False) -> Callable:
+def register(name: str, fn: Callable, default: bool = False, hints: bool = False,
+             requires: Callable[[], str | None] | None = None) -> Callable:
     SCENARIOS[name] = fn
     if default and name not in DEFAULT:
         DEFAULT.append(name)
     if hints and name not in HINTED:
         HINTED.append(name)
+    if requires is not None:
+        REQUIRES[name] = requires
     return fn
+
+
+def missing_requirements(names: list[str]) -> str | None:
+    """The first scenario requirement that this machine lacks, as one line; else None."""
+    for name in names:
+        msg = REQUIRES[name]() if name in REQUIRES else None
+        if msg:
+            return msg
+    return None
 
 
 def systems_for(name: str, systems: list[str]) -> list[str]:
@@ -156,7 +170,7 @@ def _maybe_register_maze() -> None:
     else:
         fn = getattr(mod, "scenario", None)
         if callable(fn):
-            register("maze", fn)
+            register("maze", fn, requires=getattr(mod, "requirements", None))
         return
 
     def broken(ctx):
