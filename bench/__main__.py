@@ -15,8 +15,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--scenario", default="all",
                    help="comma-separated scenario names, or 'all' = the built-in six (see 'list')")
     r.add_argument("--systems", default="all",
-                   help="comma-separated: link,local,neuralcache,neuralcache-noprefetch,"
-                        "rclone,s3fs (default all)")
+                   help="comma-separated: link,local,neuralcache,neuralcache-hints,"
+                        "neuralcache-noprefetch,rclone,s3fs (default all; neuralcache-hints "
+                        "runs only where hints are published, see 'list')")
     r.add_argument("--rtt-ms", type=float, default=60.0, help="round trip time (default 60)")
     r.add_argument("--mbit", type=float, default=None, help="bandwidth cap per direction")
     r.add_argument("--jitter-ms", type=float, default=0.0, help="link jitter (+- ms one way)")
@@ -51,12 +52,14 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "ceiling":
         from bench.ceiling import main as ceiling_main
         return ceiling_main(a)
-    from bench.scenarios import DEFAULT, SCENARIOS
+    from bench.scenarios import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
     from bench.systems import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
-        print(f"{name:10} {(fn.__doc__ or '').strip().splitlines()[0]}{extra}")
+        doc = (fn.__doc__ or "").strip().splitlines() or ["-"]
+        print(f"{name:10} {doc[0]}{extra}")
     print("systems:", ", ".join(ALL_SYSTEMS))
+    print(f"{HINTS_SYSTEM} runs only in: {', '.join(HINTED)} (the scenarios that publish hints)")
     return 0
 
 

@@ -139,6 +139,15 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
 
 
 # -- materialising: local directory + manifest -----------------------------------------
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` (and its parents) so that it is never seen half written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def materialize(ds: Dataset, data_dir: Path, seed: int = 0, threads: int = 2) -> dict:
     """Write ``ds`` under ``data_dir/ds.name`` (skipped when an identical copy exists).
 
@@ -161,12 +170,7 @@ def materialize(ds: Dataset, data_dir: Path, seed: int = 0, threads: int = 2) ->
     def make(item):
         rel, gen = item
         data = gen()
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_atomic(root / rel, data)
         return rel, {"size": len(data), "xxh3": xxhash.xxh3_64_hexdigest(data)}
 
     with cf.ThreadPoolExecutor(threads) as ex:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from bench import report
 from bench.harness import Ctx, log
-from bench.scenarios import DEFAULT, SCENARIOS
+from bench.scenarios import DEFAULT, SCENARIOS, hints_note, missing_requirements, systems_for
 from bench.seaweed import SeaweedServer
 from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
 from bench.wan import WanProxyProcess
@@ -48,6 +48,10 @@ def run(args) -> int:
         print(f"unknown system(s) {bad}; known: {', '.join(ALL_SYSTEMS)}", file=sys.stderr)
         return 2
     systems = [s for s in ALL_SYSTEMS if s in systems]   # canonical order: link, local, ...
+    missing = missing_requirements(names)      # before anything is generated or started
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work_dir).resolve() if args.work_dir else out / "work"
@@ -91,9 +95,13 @@ def run(args) -> int:
                       bucket=BUCKET, seaweed=sw, s3=s3, s3_link=sw.client(proxy.endpoint),
                       proxy=proxy, sys_env=env,
                       timeout_s=args.timeout or (TIMEOUT_QUICK_S if args.quick else TIMEOUT_FULL_S))
+            note = hints_note(names, systems)
+            if note and args.systems not in (None, "all"):    # named by the user
+                ctx.notes.append(note)
             for name in names:
                 ts = time.monotonic()
                 log(f"== scenario {name}")
+                ctx.systems = systems_for(name, systems)
                 try:
                     got = SCENARIOS[name](ctx)
                 except KeyboardInterrupt:

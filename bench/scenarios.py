@@ -18,13 +18,49 @@ SCENARIOS: dict[str, Callable] = {}
 # What "--scenario all" runs: the built-in scenarios (their sizes fit the --quick and
 # full time budgets); registered extras such as maze run when named.
 DEFAULT: list[str] = []
+# The scenarios whose workload hands its read order to the mount when the system asks
+# for it (``m.info["hints"]``, the neuralcache-hints system).  Elsewhere that system
+# would be the same as neuralcache, so it does not run there.
+HINTED: list[str] = []
+HINTS_SYSTEM = "neuralcache-hints"
+# name -> fn() -> None, or one line saying what to install (asked before a run starts).
+REQUIRES: dict[str, Callable[[], str | None]] = {}
 
 
-def register(name: str, fn: Callable, default: bool = False) -> Callable:
+def register(name: str, fn: Callable, default: bool = False, hints: bool = False,
+             requires: Callable[[], str | None] | None = None) -> Callable:
     SCENARIOS[name] = fn
     if default and name not in DEFAULT:
         DEFAULT.append(name)
+    if hints and name not in HINTED:
+        HINTED.append(name)
+    if requires is not None:
+        REQUIRES[name] = requires
     return fn
+
+
+def missing_requirements(names: list[str]) -> str | None:
+    """The first scenario requirement that this machine lacks, as one line; else None."""
+    for name in names:
+        msg = REQUIRES[name]() if name in REQUIRES else None
+        if msg:
+            return msg
+    return None
+
+
+def systems_for(name: str, systems: list[str]) -> list[str]:
+    """The systems scenario ``name`` runs: ``systems`` without neuralcache-hints unless the
+    scenario publishes hints."""
+    return list(systems) if name in HINTED else [s for s in systems if s != HINTS_SYSTEM]
+
+
+def hints_note(names: list[str], systems: list[str]) -> str | None:
+    """The one note for a run whose user named neuralcache-hints: where it was skipped."""
+    skipped = [n for n in names if HINTS_SYSTEM in systems and n not in HINTED]
+    if not skipped:
+        return None
+    return (f"{HINTS_SYSTEM} skipped in {', '.join(skipped)}: only {', '.join(HINTED)} "
+            "publish hints; elsewhere it would equal neuralcache")
 
 
 def shards(ctx):
@@ -114,7 +150,7 @@ def fio(ctx):
 
 
 for _fn in (shards, samples, train, bigfile, overflow, fio):
-    register(_fn.__name__, _fn, default=True)
+    register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
 
 
 def _maybe_register_maze() -> None:
@@ -134,7 +170,7 @@ def _maybe_register_maze() -> None:
     else:
         fn = getattr(mod, "scenario", None)
         if callable(fn):
-            register("maze", fn)
+            register("maze", fn, requires=getattr(mod, "requirements", None))
         return
 
     def broken(ctx):

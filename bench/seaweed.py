@@ -83,6 +83,7 @@ class SeaweedServer:
         self.workdir = Path(workdir)
         self.base_port = base_port or free_port_block()
         self.s3_port = self.base_port + 3
+        self.filer_port = self.base_port + 2    # the filer's HTTP API (tests store odd keys)
         self.endpoint = f"http://127.0.0.1:{self.s3_port}"
         self.access_key = ACCESS_KEY
         self.secret_key = SECRET_KEY
@@ -104,7 +105,7 @@ class SeaweedServer:
             weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             f"-master.port={b}", f"-master.port.grpc={b + 10000}",
             f"-volume.port={b + 1}", f"-volume.port.grpc={b + 10001}",
-            f"-filer.port={b + 2}", f"-filer.port.grpc={b + 10002}",
+            f"-filer.port={self.filer_port}", f"-filer.port.grpc={b + 10002}",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={b + 10003}",
             f"-s3.config={cfg}", "-volume.max=100", "-master.volumeSizeLimitMB=1024",
             # fixed default ports (8181, 9101) would collide between instances: disable

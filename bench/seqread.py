@@ -44,6 +44,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def daemon_read(pid: int, path: Path) -> tuple[float, float, float]:
+    """Read ``path`` through a mount: (MB/s, seconds, the daemon ``pid``'s CPU s per GiB)."""
+    c0 = cpu_seconds(pid)
+    t, n = read_all(path)
+    return n / t / 1e6, t, (cpu_seconds(pid) - c0) / (n / 2**30)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1G", help="file size (default 1G)")
@@ -79,24 +86,16 @@ def main(argv=None) -> int:
                               "--memory-cache-size", "1G"]
                 with mounted(*mount_args, env=env):
                     pid = stats(mnt)["pid"]
-                    c0 = cpu_seconds(pid)
-                    t, n = read_all(mnt / "weights.bin")
-                    c1 = cpu_seconds(pid)
-                    rows.append(("neuralcache cold", n / t / 1e6, t, (c1 - c0) / (n / 2**30)))
-                    t, n = read_all(mnt / "weights.bin")
-                    c2 = cpu_seconds(pid)
-                    rows.append(("neuralcache warm (page cache)", n / t / 1e6, t,
-                                 (c2 - c1) / (n / 2**30)))
+                    rows.append(("neuralcache cold", *daemon_read(pid, mnt / "weights.bin")))
+                    rows.append(("neuralcache warm (page cache)",
+                                 *daemon_read(pid, mnt / "weights.bin")))
                     time.sleep(1.0)   # background disk writes land
                 drop_page_cache([local])
                 with mounted(*mount_args, env=env):
                     pid = stats(mnt)["pid"]
-                    c0 = cpu_seconds(pid)
-                    t, n = read_all(mnt / "weights.bin")
-                    c1 = cpu_seconds(pid)
+                    rows.append(("neuralcache warm (disk cache)",
+                                 *daemon_read(pid, mnt / "weights.bin")))
                     st = stats(mnt)
-                    rows.append(("neuralcache warm (disk cache)", n / t / 1e6, t,
-                                 (c1 - c0) / (n / 2**30)))
                 link = proxy.stats()
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -238,6 +238,26 @@ class System:
     def mount(self, opts: MountOptions | None = None) -> Iterator[Mounted]:
         raise NotImplementedError
 
+    @contextlib.contextmanager
+    def _foreground_mount(self, cmd: list[str], mnt: Path, log: Path,
+                          cleanup: Callable[[], None], env: dict | None = None,
+                          **info) -> Iterator[Mounted]:
+        """Run a FUSE daemon that stays in the foreground (rclone, s3fs) until its mount
+        appears; on the way out unmount, stop it, then ``cleanup()`` (its cache)."""
+        t0 = time.monotonic()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(log, "ab"), start_new_session=True)
+        try:
+            _wait_mounted(mnt, proc, log)
+            yield Mounted(self.name, mnt, remote=True,
+                          info={"mount_s": time.monotonic() - t0, "cmd": cmd,
+                                "hints": self.hints,
+                                "pid": proc.pid, "fuse_dev": _fuse_dev(mnt), **info})
+        finally:
+            unmount(mnt)
+            _stop(proc)
+            cleanup()
+
 
 @dataclass
 class SystemEnv:
@@ -306,19 +326,8 @@ class RcloneSystem(System):
         env = dict(os.environ)
         env.pop("AWS_CA_BUNDLE", None)  # rclone 1.60 fails when it is set
         cmd = self.command(mnt, cache, conf, log, opts)
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                                stderr=open(log, "ab"), start_new_session=True)
-        try:
-            _wait_mounted(mnt, proc, log)
-            yield Mounted(self.name, mnt, remote=True,
-                          info={"mount_s": time.monotonic() - t0, "cmd": cmd,
-                                "hints": self.hints,
-                                "pid": proc.pid, "fuse_dev": _fuse_dev(mnt)})
-        finally:
-            unmount(mnt)
-            _stop(proc)
-            _wipe(cache)
+        with self._foreground_mount(cmd, mnt, log, lambda: _wipe(cache), env=env) as m:
+            yield m
 
 
 class S3fsSystem(System):
@@ -363,22 +372,13 @@ class S3fsSystem(System):
             f"logfile={log}", "dbglevel=warn",
         ])
         cmd = ["s3fs", self.env.bucket, str(mnt), "-f", "-o", o]
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log, "ab"),
-                                start_new_session=True)
-        try:
-            _wait_mounted(mnt, proc, log)
-            yield Mounted(self.name, mnt, remote=True,
-                          info={"mount_s": time.monotonic() - t0, "cmd": cmd,
-                                "hints": self.hints,
-                                "pid": proc.pid, "fuse_dev": _fuse_dev(mnt),
-                                "cache_limit_mb": limit})
-        finally:
-            unmount(mnt)
-            _stop(proc)
+
+        def cleanup():
             if limit is not None:
                 subprocess.run(["umount", str(cache)], capture_output=True)
             _wipe(cache)
+        with self._foreground_mount(cmd, mnt, log, cleanup, cache_limit_mb=limit) as m:
+            yield m
 
 
 def code_revision(path: Path | None = None) -> str | None:

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import xxhash
 
+from bench.datasets import write_atomic
+
 from . import mazes
 
 MAGIC = b"NCMZ"
@@ -106,14 +108,6 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_train: int = 50_000,
                   layouts=("files", "shards"), shard_size: int = 2048, pad_to: int = 0,
                   eval_seed: int = 1_000_003, fmt: str = mazes.DEFAULT_FORMAT) -> dict:
@@ -123,7 +117,7 @@ def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_tra
     files: dict[str, dict] = {}
 
     def put(rel: str, data: bytes) -> None:
-        _write(out / rel, data)
+        write_atomic(out / rel, data)
         files[rel] = {"size": len(data), "xxh64": xxhash.xxh64_hexdigest(data)}
 
     gen = training_tasks(seed, rows, cols, n_train, eval_seed)
@@ -163,7 +157,7 @@ def write_dataset(out_dir, *, seed: int = 0, rows: int = 5, cols: int = 5, n_tra
         "total_bytes": sum(f["size"] for f in files.values()),
         "files": dict(sorted(files.items())),
     }
-    _write(out / MANIFEST, json.dumps(manifest, indent=1).encode())
+    write_atomic(out / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest
 
 

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -47,6 +48,20 @@ WINDOW = 10
 SECONDS_PER_STEP_LIMIT = 3.0
 # Watchdog per system for the cold start (a fresh process loads the checkpoint).
 TTFT_LIMIT_S = 600.0
+
+
+# What the training and TTFT jobs import (pyproject's "torch" extra).
+TORCH_MODULES = ("torch", "transformers", "safetensors")
+INSTALL = "pip install 'neuralcache[torch]'"
+
+
+def requirements() -> str | None:
+    """None if the scenario can run here, else one line saying what to install (the
+    runner asks before it starts anything)."""
+    missing = [m for m in TORCH_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the maze scenario needs {', '.join(missing)}: {INSTALL}"
+    return None
 
 
 def _limit_s(cfg: dict) -> float:
@@ -190,6 +205,10 @@ def _plots(ctx, results: dict[str, dict]) -> None:
 
 
 def scenario(ctx) -> list[dict]:
+    """The maze LLaMA trained from each system, then its cold time-to-first-token."""
+    missing = requirements()
+    if missing:
+        raise RuntimeError(missing)
     cfg = config(ctx.quick)
     man = _prepare(ctx, cfg)
     systems = [s for s in ctx.systems if s != "link"]

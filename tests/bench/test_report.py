@@ -55,3 +55,19 @@ def test_plots_draw_bars_and_train_windows(tmp_path):
     made = report.plots(report.annotate(_rows()), tmp_path)
     assert [p.name for p in made] == ["shards.png", "train.png"]
     assert all(p.stat().st_size > 1000 for p in made)
+
+
+def test_hints_system_runs_only_where_hints_are_published():
+    from bench.scenarios import hints_note, systems_for
+    from bench.systems import ALL_SYSTEMS
+
+    for name in ("shards", "samples"):
+        assert systems_for(name, ALL_SYSTEMS) == ALL_SYSTEMS
+    for name in ("train", "bigfile", "overflow", "fio"):
+        got = systems_for(name, ALL_SYSTEMS)
+        assert "neuralcache-hints" not in got and "neuralcache" in got
+        assert len(got) == len(ALL_SYSTEMS) - 1
+    assert hints_note(["shards", "samples"], ALL_SYSTEMS) is None
+    assert hints_note(["samples", "bigfile", "maze"], ["local", "neuralcache"]) is None
+    note = hints_note(["samples", "bigfile", "maze"], ["neuralcache", "neuralcache-hints"])
+    assert note.startswith("neuralcache-hints skipped in bigfile, maze:")

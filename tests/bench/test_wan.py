@@ -1,4 +1,4 @@
-"""Behaviour of the WAN emulator (bench/wan.py): delay, integrity, bandwidth, faults, counters."""
+"""Behaviour of the WAN emulator (bench/wan/): delay, integrity, bandwidth, faults, counters."""
 from __future__ import annotations
 
 import hashlib

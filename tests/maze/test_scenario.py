@@ -57,3 +57,36 @@ def test_maze_plots_throughput_and_loss(tmp_path):
     scenario._plots(types.SimpleNamespace(out_dir=tmp_path, rtt_ms=60), {"local": res})
     for name in ("maze_throughput.png", "maze_loss.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_maze_without_torch_stops_before_any_work(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from bench import __main__ as cli
+    from bench import runner
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *args, **kwargs):          # as if torch were not installed
+        return None if name == "torch" else real(name, *args, **kwargs)
+
+    def no_server(*args, **kwargs):
+        raise AssertionError("the run started SeaweedFS")
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(runner, "SeaweedServer", no_server)
+    out = tmp_path / "out"
+    assert cli.main(["run", "--scenario", "maze", "--out", str(out)]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["the maze scenario needs torch: pip install 'neuralcache[torch]'"]
+    assert not out.exists()                        # nothing generated, nothing written
+
+
+def test_maze_requirements_met_here_or_named():
+    import importlib.util
+
+    msg = scenario.requirements()
+    if all(importlib.util.find_spec(m) for m in scenario.TORCH_MODULES):
+        assert msg is None
+    else:
+        assert msg.endswith("pip install 'neuralcache[torch]'")

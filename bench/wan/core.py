@@ -1,53 +1,20 @@
-"""Userspace WAN emulator: a TCP proxy that adds delay, a bandwidth cap, jitter and faults.
+"""The WAN proxy's core: a TCP proxy that delays, paces and (through faults.py) breaks
+the bytes it carries -- the model is in the package docstring (bench/wan/__init__.py).
 
-The kernel on this project's machines has no ``netem`` qdisc, so the benchmark link is
-emulated here.  Model (per direction, client->upstream is "up", upstream->client "down"):
-
-* **Delay.**  Every chunk read from one side is queued with a due time
-  ``arrival + one_way_delay`` and written to the other side when due.  Reading never
-  waits for delivery, so data is pipelined: throughput is not capped at buffer/RTT per
-  connection, only by the in-flight window (``MAX_INFLIGHT`` bytes per direction and
-  connection, far above the bandwidth-delay product of any link we emulate).
-* **Connection set-up.**  The proxy accepts at once, but nothing the client sends is
-  delivered before ``accept + RTT + one_way`` -- the SYN/SYN-ACK round trip a real
-  client pays before its first byte.  So a request on a new connection costs two RTTs,
-  on a kept-alive connection one RTT, as on a real WAN.
-* **Bandwidth.**  One token bucket per direction, shared by all connections (like a
-  real bottleneck link): a chunk leaves the bucket at ``max(now, link_free)`` +
-  ``size/rate`` (burst ``BURST_S`` of line rate), then travels ``one_way`` seconds.
-* **Jitter.**  Uniform in ``[-j, +j]`` added to each chunk's one-way delay (never
-  below zero); order is kept (a TCP stream never reorders).
-* **Faults** (seeded, so a run is reproducible): with ``--fault-unit request`` (default)
-  each client request -- a burst of client bytes following a response -- is reset with
-  probability ``reset_rate`` (client sees ECONNRESET, upstream is dropped) and its
-  response stalled ``stall_s`` seconds with probability ``stall_rate``.  With
-  ``--fault-unit connection`` the draw is made once per connection; a reset connection
-  is reset after a random number (< 256 KiB) of downstream bytes.
-* **Counters.**  Bytes delivered per direction, connections, resets, stalls.
-
-Use it in-process (``WanProxy(...).start()``, runs its own event loop in a thread),
-as a subprocess (``WanProxyProcess``, same API, counters via a control port -- what
-the benchmark runner uses so the proxy never competes with workload threads for the
-GIL), or from the command line::
-
-    python -m bench.wan --listen 9000 --upstream 127.0.0.1:8333 --rtt-ms 60 [--mbit N]
-        [--jitter-ms J] [--reset-rate R] [--stall-rate R] [--stall-s S] [--seed N]
+One asyncio event loop; per connection two ``_Side`` protocols (client, upstream) and
+two ``_Pipe`` delivery queues (up, down) sharing the two ``_Link`` token buckets.
+``WanProxy`` runs a ``ProxyCore`` in a background thread of this process.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
-import json
-import os
 import random
-import signal
 import socket
 import struct
-import subprocess
-import sys
 import threading
-import time
+
+from .faults import ConnFaults, FaultConfig
 
 # Per-direction, per-connection bytes queued in the proxy before it stops reading the
 # source (backpressure).  At 30 ms one way this allows ~1 GB/s per connection -- above
@@ -61,8 +28,6 @@ SOCK_BUF = 4 << 20
 BURST_S = 0.005
 # A timer that fires up to this early still delivers (loop clock granularity is ~1 ms).
 EARLY_S = 0.0005
-# With connection-unit resets, the reset comes after a uniform number of bytes below this.
-CONN_RESET_MAX_BYTES = 256 << 10
 
 
 class _Link:
@@ -263,7 +228,7 @@ class _Side(asyncio.Protocol):
 class _Conn:
     """One proxied connection: two sides and two pipes."""
 
-    def __init__(self, proxy: "_ProxyCore", index: int):
+    def __init__(self, proxy: "ProxyCore", index: int):
         self.proxy = proxy
         self.loop = proxy.loop
         self.rng = random.Random(f"{proxy.seed}:{index}")
@@ -274,14 +239,7 @@ class _Conn:
         self.done = False
         self.eofs = 0
         self.down_since_req = True  # the next client bytes start a new request
-        self.reset_after: int | None = None  # connection-unit reset: after N down bytes
-        self.down_total = 0
-        if proxy.fault_unit == "connection":
-            if proxy.reset_rate and self.rng.random() < proxy.reset_rate:
-                self.reset_after = self.rng.randrange(CONN_RESET_MAX_BYTES)
-            self.conn_stall = bool(proxy.stall_rate and self.rng.random() < proxy.stall_rate)
-        else:
-            self.conn_stall = False
+        self.faults = ConnFaults(proxy.faults, self.rng)
 
     # -- set-up ------------------------------------------------------------------
     def client_made(self, side: _Side) -> None:
@@ -324,24 +282,11 @@ class _Conn:
         if side.is_client:
             if data and self.down_since_req:
                 self.down_since_req = False
-                if self._new_request():
+                if self.faults.new_request(self):
                     return
             self.up.feed(data)
         else:
             self.down.feed(data)
-
-    def _new_request(self) -> bool:
-        """Draw the request-unit faults; True if the connection was reset."""
-        p = self.proxy
-        if p.fault_unit != "request":
-            return False
-        if p.reset_rate and self.rng.random() < p.reset_rate:
-            self.reset()
-            return True
-        if p.stall_rate and self.rng.random() < p.stall_rate:
-            p.stats.stalls += 1
-            self.down.stall(p.stall_s)
-        return False
 
     def delivered(self, pipe: _Pipe, n: int) -> None:
         st = self.proxy.stats
@@ -350,13 +295,7 @@ class _Conn:
             return
         st.bytes_down += n
         self.down_since_req = True
-        self.down_total += n
-        if self.conn_stall:
-            self.conn_stall = False
-            st.stalls += 1
-            self.down.stall(self.proxy.stall_s)
-        if self.reset_after is not None and self.down_total > self.reset_after:
-            self.reset()
+        self.faults.delivered_down(self, n)
 
     # -- teardown ------------------------------------------------------------------
     def reset(self, count: bool = True) -> None:
@@ -407,21 +346,17 @@ class _Conn:
         self.proxy.stats.active -= 1
 
 
-class _ProxyCore:
+class ProxyCore:
+    """The proxy's state on its event loop: the link, the faults, the counters."""
+
     def __init__(self, upstream: tuple[str, int], rtt_ms: float, mbit: float | None,
-                 jitter_ms: float, reset_rate: float, stall_rate: float, stall_s: float,
-                 fault_unit: str, seed: int):
-        if fault_unit not in ("request", "connection"):
-            raise ValueError("fault_unit must be 'request' or 'connection'")
+                 jitter_ms: float, faults: FaultConfig, seed: int):
         self.upstream = upstream
         self.one_way = rtt_ms / 2000.0
         self.jitter = jitter_ms / 1000.0
         self.link_up = _Link(mbit)
         self.link_down = _Link(mbit)
-        self.reset_rate = reset_rate
-        self.stall_rate = stall_rate
-        self.stall_s = stall_s
-        self.fault_unit = fault_unit
+        self.faults = faults
         self.seed = seed
         self.stats = _Stats()
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -437,7 +372,7 @@ class _ProxyCore:
                                              reuse_address=True)
 
 
-def _parse_hostport(s: str) -> tuple[str, int]:
+def parse_hostport(s: str) -> tuple[str, int]:
     host, _, port = s.rpartition(":")
     return (host or "127.0.0.1"), int(port)
 
@@ -454,9 +389,9 @@ class WanProxy:
                  rtt_ms: float = 60.0, mbit: float | None = None, jitter_ms: float = 0.0,
                  reset_rate: float = 0.0, stall_rate: float = 0.0, stall_s: float = 1.0,
                  fault_unit: str = "request", seed: int = 0, host: str = "127.0.0.1"):
-        up = _parse_hostport(upstream) if isinstance(upstream, str) else tuple(upstream)
-        self.core = _ProxyCore(up, rtt_ms, mbit, jitter_ms, reset_rate, stall_rate,
-                               stall_s, fault_unit, seed)
+        up = parse_hostport(upstream) if isinstance(upstream, str) else tuple(upstream)
+        self.core = ProxyCore(up, rtt_ms, mbit, jitter_ms,
+                              FaultConfig(reset_rate, stall_rate, stall_s, fault_unit), seed)
         self.host = host
         self.port = listen_port
         self._thread: threading.Thread | None = None
@@ -514,138 +449,3 @@ class WanProxy:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-class WanProxyProcess:
-    """The proxy as a subprocess (``python -m bench.wan``); counters via a control port."""
-
-    def __init__(self, upstream: str, rtt_ms: float = 60.0, mbit: float | None = None,
-                 jitter_ms: float = 0.0, reset_rate: float = 0.0, stall_rate: float = 0.0,
-                 stall_s: float = 1.0, fault_unit: str = "request", seed: int = 0,
-                 listen_port: int = 0, log_path: str | None = None):
-        self.args = ["--listen", str(listen_port), "--upstream", upstream,
-                     "--rtt-ms", str(rtt_ms), "--jitter-ms", str(jitter_ms),
-                     "--reset-rate", str(reset_rate), "--stall-rate", str(stall_rate),
-                     "--stall-s", str(stall_s), "--fault-unit", fault_unit,
-                     "--seed", str(seed), "--control-port", "0"]
-        if mbit:
-            self.args += ["--mbit", str(mbit)]
-        self.host = "127.0.0.1"
-        self.port = 0
-        self.control_port = 0
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def start(self) -> "WanProxyProcess":
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = here + os.pathsep + env.get("PYTHONPATH", "")
-        err = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.wan", *self.args],
-                                     stdout=subprocess.PIPE, stderr=err, env=env,
-                                     start_new_session=True)
-        line = self.proc.stdout.readline().decode()
-        if not line.startswith("listening"):
-            self.stop()
-            raise RuntimeError(f"wan proxy did not start: {line!r}")
-        parts = line.split()
-        self.port = int(parts[1])
-        self.control_port = int(parts[3])
-        return self
-
-    def stats(self) -> dict:
-        with socket.create_connection(("127.0.0.1", self.control_port), timeout=5) as s:
-            buf = b""
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        return json.loads(buf)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        self.proc = None
-
-    def __enter__(self) -> "WanProxyProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-
-# -- command line -----------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m bench.wan", description=__doc__.split("\n")[0])
-    ap.add_argument("--listen", type=int, required=True, help="port to listen on (0 = any)")
-    ap.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    ap.add_argument("--upstream", required=True, help="HOST:PORT to forward to")
-    ap.add_argument("--rtt-ms", type=float, default=60.0, help="round trip (half each way)")
-    ap.add_argument("--mbit", type=float, default=None, help="bandwidth cap per direction")
-    ap.add_argument("--jitter-ms", type=float, default=0.0, help="+- uniform one-way jitter")
-    ap.add_argument("--reset-rate", type=float, default=0.0, help="probability of a reset")
-    ap.add_argument("--stall-rate", type=float, default=0.0, help="probability of a stall")
-    ap.add_argument("--stall-s", type=float, default=1.0, help="stall length in seconds")
-    ap.add_argument("--fault-unit", choices=("request", "connection"), default="request")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--control-port", type=int, default=None,
-                    help="serve the counters as JSON on this port (0 = any)")
-    ap.add_argument("--stats-interval", type=float, default=0.0,
-                    help="print the counters to stderr every N seconds")
-    return ap
-
-
-async def _amain(a: argparse.Namespace) -> None:
-    core = _ProxyCore(_parse_hostport(a.upstream), a.rtt_ms, a.mbit, a.jitter_ms,
-                      a.reset_rate, a.stall_rate, a.stall_s, a.fault_unit, a.seed)
-    server = await core.serve(a.host, a.listen)
-    port = server.sockets[0].getsockname()[1]
-    ctl_port = 0
-    if a.control_port is not None:
-        async def ctl(reader, writer):
-            writer.write(json.dumps(core.stats.as_dict()).encode())
-            await writer.drain()
-            writer.close()
-        ctl_server = await asyncio.start_server(ctl, "127.0.0.1", a.control_port)
-        ctl_port = ctl_server.sockets[0].getsockname()[1]
-    print(f"listening {port} control {ctl_port} upstream {a.upstream} rtt_ms {a.rtt_ms}",
-          flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if a.stats_interval > 0:
-        async def report():
-            while True:
-                await asyncio.sleep(a.stats_interval)
-                print(json.dumps(core.stats.as_dict()), file=sys.stderr, flush=True)
-        loop.create_task(report())
-    await stop.wait()
-    server.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
-    asyncio.run(_amain(a))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
