@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import socketserver
+import sys
 import threading
 import time
 
@@ -40,7 +41,6 @@ class _Server(socketserver.ThreadingTCPServer):
     def handle_error(self, request, client_address):
         """Quiet about a peer that went away (a reader that stops early resets its connection); socketserver's default prints a
         traceback between lines of dashes into the test output."""
-        import sys
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
             super().handle_error(request, client_address)
 

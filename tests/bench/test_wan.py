@@ -5,6 +5,7 @@ import hashlib
 import os
 import socket
 import socketserver
+import sys
 import threading
 import time
 
@@ -49,7 +50,6 @@ class _Server(socketserver.ThreadingTCPServer):
     def handle_error(self, request, client_address):
         """Quiet about a peer that went away (the fault tests reset connections on purpose); socketserver's default prints a
         traceback between lines of dashes into the test output."""
-        import sys
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
             super().handle_error(request, client_address)
 
