@@ -58,15 +58,18 @@ def _delta(after: dict, before: dict) -> dict:
 def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
     """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas."""
     s0 = stats(mnt)
-    p0 = cpu_seconds(proxy.proc.pid)
+    p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
     t0 = time.perf_counter()
     nbytes, nfiles, wrong = work()
     secs = time.perf_counter() - t0
     s1 = stats(mnt)
-    return {"seconds": secs, "bytes": nbytes, "files": nfiles, "wrong": wrong,
-            "cpu": _delta(s1["cpu_s"], s0["cpu_s"]),
-            "fuse_requests": _delta(s1["fuse_requests"], s0["fuse_requests"]),
-            "fuse_read_sizes": _delta(s1["fuse_read_sizes"], s0["fuse_read_sizes"]),
+    # a daemon without cpu_s (older code, for a before/after): its process total only
+    cpu = _delta(s1.get("cpu_s") or {}, s0.get("cpu_s") or {}) or \
+        {"total": cpu_seconds(s1["pid"]) - d0}
+    return {"seconds": secs, "bytes": nbytes, "files": nfiles, "wrong": wrong, "cpu": cpu,
+            "fuse_requests": _delta(s1.get("fuse_requests", {}), s0.get("fuse_requests", {})),
+            "fuse_read_sizes": _delta(s1.get("fuse_read_sizes", {}),
+                                      s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
             "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0}
 
