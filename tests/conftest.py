@@ -64,6 +64,16 @@ def upload_tree(s3, bucket: str, files: dict[str, bytes], prefix: str = "") -> N
                                                Body=kv[1]), files.items()))
 
 
+def read_tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (a mount), by path relative to it."""
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
 def cli_env(seaweed=None, **extra) -> dict[str, str]:
     env = dict(os.environ)
     if seaweed is not None:

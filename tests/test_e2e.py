@@ -4,7 +4,6 @@ import errno
 import json
 import os
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
-                      run_cli, upload_tree)
+                      read_tree, run_cli, upload_tree)
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
 
@@ -45,15 +44,6 @@ def s3_mount(seaweed, bucket, tmp_path, *args, cache="cache"):
     return mounted(f"s3://{bucket}", tmp_path / "mnt", env=cli_env(seaweed),
                    cache_dir=tmp_path / cache,
                    args=["--endpoint-url", seaweed.endpoint, *args])
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def stats(mp) -> dict:

@@ -3,18 +3,16 @@ style; credentials that expire during a run are refreshed.  No AWS: tests/awspro
 stands in front of the session's SeaweedFS and answers like AWS (301 + the bucket's
 region for a request signed for another region, ExpiredToken for an expired key)."""
 import logging
-import os
 import sys
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from awsproxy import AwsProxy
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
-                      run_cli, upload_tree)
+                      read_tree, run_cli, upload_tree)
 from neuralcache.backends.s3 import S3Backend
 from neuralcache.errors import Unavailable, UserError
 
@@ -53,15 +51,6 @@ def proxy_mount(seaweed, proxy, bucket, tmp_path, *args, env=None):
     return mounted(f"s3://{bucket}", tmp_path / "mnt", env=env or env_for(seaweed),
                    cache_dir=tmp_path / "cache",
                    args=["--endpoint-url", proxy.endpoint, "--block-size", "1M", *args])
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, filenames in os.walk(root):
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
 
 
 def object_gets(proxy, bucket):

@@ -19,7 +19,7 @@ from bench.seaweed import SeaweedServer
 from bench.soak import random_reads
 from bench.systems import drop_page_cache
 from bench.wan import WanProxy
-from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
+from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
 from neuralcache.store.tiers import DiskTier
 
