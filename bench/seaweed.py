@@ -172,6 +172,9 @@ class SeaweedServer:
                 "AWS_DEFAULT_REGION": "us-east-1"}
 
     def client(self, endpoint: str | None = None):
+        """A boto3 client for setting up data (tests, bench).  SeaweedFS answers an
+        occasional InternalError to a put on a loaded machine (seen in a test run with
+        other jobs on both cores), so it retries like the AWS SDK's standard mode."""
         import boto3
         from botocore.config import Config
 
@@ -179,7 +182,8 @@ class SeaweedServer:
             "s3", endpoint_url=endpoint or self.endpoint,
             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
             region_name="us-east-1",
-            config=Config(retries={"max_attempts": 2}, max_pool_connections=64,
+            config=Config(retries={"max_attempts": 5, "mode": "standard"},
+                          max_pool_connections=64,
                           s3={"addressing_style": "path"}),
         )
 
