@@ -216,7 +216,9 @@ def test_warm_with_progress_check_and_stats_watch(seaweed, bucket, tmp_path):
         assert r.returncode == 1 and "no such file" in r.stderr
         p = subprocess.Popen(NEURALCACHE + ["stats", str(mp), "--watch", "--interval", "0.3"],
                              env=env, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.5)
+        lines, deadline = [], time.monotonic() + 20    # a loaded machine is slow to start
+        while len([ln for ln in lines if "served" in ln]) < 3 and time.monotonic() < deadline:
+            lines.append(p.stdout.readline())
         p.send_signal(signal.SIGINT)
-        out, _ = p.communicate(timeout=10)
+        out = "".join(lines) + p.communicate(timeout=10)[0]
         assert "hit rate" in out and out.count("served") >= 3
