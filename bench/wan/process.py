@@ -2,19 +2,20 @@
 ``WanProxyProcess``, which starts that command and reads its counters.
 
 The subprocess prints one line ``listening PORT control CTLPORT ...`` when it serves; the
-control port answers each connection with the counters as JSON.  The benchmark runner
+control port answers each connection with the counters as JSON (with ``cpu_s``, the
+proxy process's CPU seconds, and ``cpu_s_per_gib``, that per GiB carried).  The benchmark runner
 uses the subprocess so the proxy never competes with workload threads for the GIL.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 from .core import ProxyCore, parse_hostport
 from .faults import FaultConfig
@@ -121,36 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _amain(a: argparse.Namespace) -> None:
+def serve(a: argparse.Namespace) -> None:
     core = ProxyCore(parse_hostport(a.upstream), a.rtt_ms, a.mbit, a.jitter_ms,
                      FaultConfig(a.reset_rate, a.stall_rate, a.stall_s, a.fault_unit), a.seed)
-    server = await core.serve(a.host, a.listen)
-    port = server.sockets[0].getsockname()[1]
-    ctl_port = 0
-    if a.control_port is not None:
-        async def ctl(reader, writer):
-            writer.write(json.dumps(core.stats.as_dict()).encode())
-            await writer.drain()
-            writer.close()
-        ctl_server = await asyncio.start_server(ctl, "127.0.0.1", a.control_port)
-        ctl_port = ctl_server.sockets[0].getsockname()[1]
+    core.cpu_clock = time.process_time     # the whole process is the emulator
+    port = core.listen(a.host, a.listen)
+    ctl_port = core.listen_control(a.control_port) if a.control_port is not None else 0
     print(f"listening {port} control {ctl_port} upstream {a.upstream} rtt_ms {a.rtt_ms}",
           flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        signal.signal(sig, lambda *_: core.stop())
     if a.stats_interval > 0:
-        async def report():
-            while True:
-                await asyncio.sleep(a.stats_interval)
-                print(json.dumps(core.stats.as_dict()), file=sys.stderr, flush=True)
-        loop.create_task(report())
-    await stop.wait()
-    server.close()
+        def report(_):
+            print(json.dumps(core.stats_dict()), file=sys.stderr, flush=True)
+            core.call_later(a.stats_interval, report)
+        core.call_later(a.stats_interval, report)
+    core.run()
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    asyncio.run(_amain(a))
+    serve(a)
     return 0
