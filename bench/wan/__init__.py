@@ -29,7 +29,8 @@ emulated here.  Model (per direction, client->upstream is "up", upstream->client
   handed to the client first), a stalled one from its first response bytes on.
 * **Counters.**  Bytes delivered per direction, connections, resets, stalls, and the
   emulator's own CPU: ``cpu_s`` (the proxy thread, or the whole ``python -m bench.wan``
-  process) and ``cpu_s_per_gib`` (that per GiB carried, both directions).
+  process) and ``cpu_s_per_gib`` (that per GiB carried, both directions);
+  ``cpu_note(after, before)`` words it as one line for a run's notes.
 
 **How it is cheap** (issue 10: the emulator must not be what steals the CPU).  The bytes
 never enter Python: ``os.splice`` moves them from the source socket into kernel pipes
@@ -69,6 +70,6 @@ command line and ``WanProxyProcess``, which runs it).
 """
 from .core import WanProxy
 from .faults import FaultConfig
-from .process import WanProxyProcess, main
+from .process import WanProxyProcess, cpu_note, main
 
-__all__ = ["WanProxy", "WanProxyProcess", "FaultConfig", "main"]
+__all__ = ["WanProxy", "WanProxyProcess", "FaultConfig", "cpu_note", "main"]

@@ -97,6 +97,18 @@ class WanProxyProcess:
         self.stop()
 
 
+def cpu_note(after: dict, before: dict | None = None) -> str | None:
+    """One line for a run's notes: the emulator's own CPU per GiB it carried, from two
+    ``stats()`` (or one: since the proxy started); None if they have no ``cpu_s``."""
+    before = before or {}
+    if "cpu_s" not in after:
+        return None
+    cpu = after["cpu_s"] - before.get("cpu_s", 0.0)
+    gib = sum(after[k] - before.get(k, 0) for k in ("bytes_up", "bytes_down")) / (1 << 30)
+    per = f"{cpu / gib:.2f} CPU-s per GiB carried" if gib > 0.01 else "idle"
+    return f"WAN emulator: {per} ({cpu:.1f} CPU-s for {gib:.2f} GiB)"
+
+
 # -- command line -----------------------------------------------------------------------
 
 

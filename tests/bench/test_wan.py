@@ -380,3 +380,13 @@ def test_delay_costs_no_throughput_at_60ms(upstream):
 
     flat, wan = best(0), best(60)
     assert wan <= 1.5 * flat + 0.25, (wan, flat)
+
+
+def test_cpu_note_words_the_emulator_cpu():
+    from bench.wan import cpu_note
+
+    before = {"bytes_up": 0, "bytes_down": 0, "cpu_s": 1.0}
+    after = {"bytes_up": 1 << 20, "bytes_down": 4 << 30, "cpu_s": 2.0}
+    assert cpu_note(after, before) == ("WAN emulator: 0.25 CPU-s per GiB carried "
+                                       "(1.0 CPU-s for 4.00 GiB)")
+    assert cpu_note({"bytes_up": 0, "bytes_down": 0}) is None
