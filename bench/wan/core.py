@@ -50,8 +50,7 @@ POLL_EXIT = 16 << 10
 # Pipe size asked for (each pipe slot holds up to one page fragment of a socket buffer,
 # often 32 KiB, so a 1 MiB pipe holds several MB); a line chains more pipes as needed.
 PIPE_SIZE = 1 << 20
-# A line reads into a new pipe once its tail pipe holds this much (see _Line.pull).
-PIPE_CHAIN = PIPE_SIZE // 2
+# A line reads into a new pipe once its tail pipe holds half its size (see _Line.pull).
 # Empty pipes kept for reuse (a busy line chains and drains pipes all the time).
 PIPE_POOL = 64
 # With a bandwidth cap, a read is queued as pieces of this much line time (at least
@@ -102,15 +101,18 @@ class _Pipe:
 
     __slots__ = ("r", "w", "count")
 
+    size = PIPE_SIZE    # lowered once if the kernel refuses it
+
     def __init__(self):
         self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self.count = 0
         try:
-            fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+            fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, _Pipe.size)
         except OSError:
-            try:   # an unprivileged user is held to /proc/sys/fs/pipe-max-size
+            try:   # without CAP_SYS_RESOURCE: at most /proc/sys/fs/pipe-max-size
                 with open("/proc/sys/fs/pipe-max-size") as f:
-                    fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, min(PIPE_SIZE, int(f.read())))
+                    _Pipe.size = min(_Pipe.size, int(f.read()))
+                fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, _Pipe.size)
             except (OSError, ValueError):
                 pass   # the default 64 KiB pipe; the line chains more of them
 
@@ -264,7 +266,8 @@ class _Line:
             # slot often holds a 32 KiB fragment), so the tail pipe is changed for an
             # empty one long before it is full; after a big read the source likely has
             # more: read that into the new pipe.
-            if pipe.count >= PIPE_CHAIN and self._chain() and n >= PIPE_CHAIN:
+            chain = _Pipe.size >> 1
+            if pipe.count >= chain and self._chain() and n >= chain:
                 continue
             break
         if conn.done:
