@@ -5,6 +5,7 @@ import hashlib
 import os
 import socket
 import socketserver
+import statistics
 import struct
 import sys
 import threading
@@ -258,18 +259,21 @@ def _expected_sha1(n: int) -> str:
 def test_every_byte_arrives_at_least_one_way_after_it_left(upstream):
     # Bursts big enough to put the source on the read grid, and trickled ones: the last
     # bytes of each burst (a timestamp taken after the rest was written) must arrive no
-    # earlier than one way after that time, and not much later.
+    # earlier than one way after that time -- every one of them -- and, typically (the
+    # median: the machine is shared), not much later.
     one_way = 0.05
     with WanProxy(upstream, rtt_ms=2000 * one_way) as p:
         with socket.create_connection(("127.0.0.1", p.port)) as s:
             _get(s, 10)
-            for size, gap in ((512 << 10, 3), (64, 7)):
+            for size, gap in ((512 << 10, 10), (64, 7)):
                 s.sendall(b"burst 20 %d %d\n" % (size, gap))
+                lags = []
                 for _ in range(20):
                     burst = _recv_exact(s, size)
-                    lag = time.monotonic() - struct.unpack("d", burst[-8:])[0]
+                    lags.append(time.monotonic() - struct.unpack("d", burst[-8:])[0])
                     assert burst[:-8] == PATTERN[: size - 8]
-                    assert one_way <= lag <= one_way + 0.04, (size, lag)
+                assert min(lags) >= one_way, (size, lags)
+                assert statistics.median(lags) <= one_way + 0.02, (size, lags)
 
 
 def test_kept_alive_request_costs_one_rtt_through_the_subprocess(upstream):
