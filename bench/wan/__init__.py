@@ -29,7 +29,7 @@ emulated here.  Model (per direction, client->upstream is "up", upstream->client
   handed to the client first), a stalled one from its first response bytes on.
 * **Counters.**  Bytes delivered per direction, connections, resets, stalls, and the
   emulator's own CPU: ``cpu_s`` (the proxy thread, or the whole ``python -m bench.wan``
-  process) and ``cpu_s_per_gib`` (that per GiB carried, both directions);
+  process since it started serving) and ``cpu_s_per_gib`` (that per GiB carried, both directions);
   ``cpu_note(after, before)`` words it as one line for a run's notes.
 
 **How it is cheap** (issue 10: the emulator must not be what steals the CPU).  The bytes

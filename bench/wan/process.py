@@ -3,8 +3,9 @@
 
 The subprocess prints one line ``listening PORT control CTLPORT ...`` when it serves; the
 control port answers each connection with the counters as JSON (with ``cpu_s``, the
-proxy process's CPU seconds, and ``cpu_s_per_gib``, that per GiB carried).  The benchmark runner
-uses the subprocess so the proxy never competes with workload threads for the GIL.
+proxy process's CPU seconds since it started serving, and ``cpu_s_per_gib``, that per GiB
+carried).  The benchmark runner uses the subprocess so the proxy never competes with
+workload threads for the GIL.
 """
 from __future__ import annotations
 
@@ -137,9 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
 def serve(a: argparse.Namespace) -> None:
     core = ProxyCore(parse_hostport(a.upstream), a.rtt_ms, a.mbit, a.jitter_ms,
                      FaultConfig(a.reset_rate, a.stall_rate, a.stall_s, a.fault_unit), a.seed)
-    core.cpu_clock = time.process_time     # the whole process is the emulator
     port = core.listen(a.host, a.listen)
     ctl_port = core.listen_control(a.control_port) if a.control_port is not None else 0
+    cpu0 = time.process_time()              # the whole process is the emulator; its CPU
+    core.cpu_clock = lambda: time.process_time() - cpu0   # from here (not the start-up)
     print(f"listening {port} control {ctl_port} upstream {a.upstream} rtt_ms {a.rtt_ms}",
           flush=True)
     for sig in (signal.SIGINT, signal.SIGTERM):
