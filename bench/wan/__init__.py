@@ -42,7 +42,7 @@ with one large splice per tick, and goes back to readiness events when a tick br
 < 16 KiB.  All features above (delay, set-up, bandwidth, jitter, faults) run on this one
 path -- there is no slower exact mode.  Measured on the 2-core dev machine: 0.2-0.3 CPU-s
 per GiB at link rate (about the kernel's own TCP cost of the extra loopback hop; the
-asyncio proxy this replaced, which copied every chunk through Python, cost 0.5-0.95),
+asyncio proxy this replaced, which copied every chunk through Python, cost 0.5-1.0),
 0.7-1.3 for 100 KiB request/response traffic (1.8-3.2 before), 0.7-0.9 with --mbit 800
 (each ~1 ms piece is its own small delivery; 0.9-1.7 before).
 
