@@ -2,7 +2,9 @@
 
 A threaded source server sends N bytes per request; client threads pull them through a
 ``WanProxyProcess`` over 1 and over K connections.  This is the proxy's limit without
-S3 in the way (the per-scenario "link" rows measure S3 through the proxy).
+S3 in the way (the per-scenario "link" rows measure S3 through the proxy).  Also printed:
+the proxy process's own CPU seconds per GiB it carried during the transfer (issue 10:
+the emulator must stay cheap, <= 0.3 CPU-s/GiB at link rate).
 
     python -m bench ceiling [--rtt-ms 60] [--mbit N] [--conns 1,16] [--mb 256]
 """
@@ -72,6 +74,7 @@ def measure(rtt_ms: float = 60.0, conns: int = 1, total_mb: float = 256,
         with WanProxyProcess(f"127.0.0.1:{srv.server_address[1]}", rtt_ms=rtt_ms,
                              mbit=mbit) as proxy:
             per = int(total_mb * 1e6 / conns)
+            st0 = proxy.stats()
             spans: list = [None] * conns
             threads = [threading.Thread(target=_pull, args=(proxy.port, per, spans, i))
                        for i in range(conns)]
@@ -87,12 +90,23 @@ def measure(rtt_ms: float = 60.0, conns: int = 1, total_mb: float = 256,
         srv.server_close()
     return {"rtt_ms": rtt_ms, "conns": conns, "mbit": mbit, "bytes": per * conns,
             "seconds": t1 - t0, "mb_per_s": per * conns / (t1 - t0) / 1e6,
-            "proxy_bytes_down": st["bytes_down"]}
+            "proxy_bytes_down": st["bytes_down"],
+            "proxy_cpu_s_per_gib": _cpu_per_gib(st0, st)}
+
+
+def _cpu_per_gib(before: dict, after: dict) -> float | None:
+    """The proxy's CPU seconds per GiB carried between two stats() (None: no cpu_s)."""
+    if "cpu_s" not in before or "cpu_s" not in after:
+        return None
+    carried = sum(after[k] - before[k] for k in ("bytes_up", "bytes_down"))
+    return (after["cpu_s"] - before["cpu_s"]) / max(carried, 1) * (1 << 30)
 
 
 def main(args) -> int:
     for c in args.conns:
         r = measure(args.rtt_ms, c, args.mb, args.mbit)
+        cpu = r["proxy_cpu_s_per_gib"]
         print(f"proxy ceiling rtt={r['rtt_ms']:.0f}ms conns={c:3d} "
-              f"{r['mb_per_s']:8.1f} MB/s ({r['bytes'] / 1e6:.0f} MB in {r['seconds']:.2f} s)")
+              f"{r['mb_per_s']:8.1f} MB/s ({r['bytes'] / 1e6:.0f} MB in {r['seconds']:.2f} s)"
+              + (f", proxy {cpu:.2f} CPU-s/GiB" if cpu is not None else ""))
     return 0

@@ -1,33 +1,69 @@
 """The WAN proxy's core: a TCP proxy that delays, paces and (through faults.py) breaks
 the bytes it carries -- the model is in the package docstring (bench/wan/__init__.py).
 
-One asyncio event loop; per connection two ``_Side`` protocols (client, upstream) and
-two ``_Pipe`` delivery queues (up, down) sharing the two ``_Link`` token buckets.
-``WanProxy`` runs a ``ProxyCore`` in a background thread of this process.
+One thread runs one epoll loop (``ProxyCore.run``).  Per connection two sockets
+(``_Sock``: client, upstream) and two delay lines (``_Line``: up, down).  A delay line
+holds the bytes in flight in kernel pipes: ``os.splice`` moves them socket -> pipe when
+they arrive and pipe -> socket when they are due, so the payload is never copied into
+Python; the line itself only keeps records ``[due, nbytes, pipe]`` (``nbytes`` None =
+EOF).  A busy source is read on a timer grid (every ``tick``, one large splice) instead
+of on every readiness event, so the per-byte cost stays near that of the kernel's own TCP
+work.  ``WanProxy`` runs a ``ProxyCore`` in a background thread of this process.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
+import errno
+import fcntl
+import heapq
+import itertools
+import json
+import os
 import random
+import select
 import socket
 import struct
+import sys
 import threading
+import time
+import traceback
 
 from .faults import ConnFaults, FaultConfig
 
-# Per-direction, per-connection bytes queued in the proxy before it stops reading the
-# source (backpressure).  At 30 ms one way this allows ~1 GB/s per connection -- above
-# anything these machines move through a Python proxy, so the window never limits.
+# Per-direction, per-connection bytes held in the proxy before it stops reading the
+# source (backpressure).  At 30 ms one way this allows ~1 GB/s per connection.
 MAX_INFLIGHT = 32 << 20
-# Resume reading once the queue has drained below this.
+# Resume reading once the line has drained below this.
 RESUME_INFLIGHT = 16 << 20
 # Socket buffer size asked for on both legs (the kernel may clamp it).
 SOCK_BUF = 4 << 20
 # Token bucket burst, in seconds of line rate (a real link's queue absorbs small bursts).
 BURST_S = 0.005
-# A timer that fires up to this early still delivers (loop clock granularity is ~1 ms).
-EARLY_S = 0.0005
+# Busy sources are read on a grid of this period (one splice per tick, all busy sources
+# in the same wake-up).  A byte read on the grid is stamped when read, which can be up to
+# a tick (plus the loop's ~1 ms timer resolution) after it arrived -- never before.
+TICK_S = 0.001
+# A read at least this large puts its source on the grid; a grid read below
+# POLL_EXIT takes it back to readiness events (a quiet connection costs nothing).
+POLL_ENTER = 64 << 10
+POLL_EXIT = 16 << 10
+# Pipe size asked for (each pipe slot holds up to one page fragment of a socket buffer,
+# often 32 KiB, so a 1 MiB pipe holds several MB); a line chains more pipes as needed.
+PIPE_SIZE = 1 << 20
+# A line reads into a new pipe once its tail pipe holds half its size (see _Line.pull).
+# Empty pipes kept for reuse (a busy line chains and drains pipes all the time).
+PIPE_POOL = 64
+# With a bandwidth cap, a read is queued as pieces of this much line time (at least
+# PIECE_MIN bytes), so the bytes leave paced rather than in one burst per read.
+PIECE_S = 0.001
+PIECE_MIN = 16 << 10
+
+_SPLICE = os.SPLICE_F_NONBLOCK | os.SPLICE_F_MOVE
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+_ERRS = select.EPOLLERR | select.EPOLLHUP
+_LINGER0 = struct.pack("ii", 1, 0)
+_now = time.monotonic
+_splice = os.splice
 
 
 class _Link:
@@ -61,293 +97,488 @@ class _Stats:
 
 
 class _Pipe:
-    """One direction of one connection: a timed delivery queue from src to dst."""
+    """One kernel pipe of a delay line; ``count`` = bytes the line's records put in it."""
+
+    __slots__ = ("r", "w", "count")
+
+    size = PIPE_SIZE    # lowered once if the kernel refuses it
+
+    def __init__(self):
+        self.r, self.w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.count = 0
+        try:
+            fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, _Pipe.size)
+        except OSError:
+            try:   # without CAP_SYS_RESOURCE: at most /proc/sys/fs/pipe-max-size
+                with open("/proc/sys/fs/pipe-max-size") as f:
+                    _Pipe.size = min(_Pipe.size, int(f.read()))
+                fcntl.fcntl(self.w, fcntl.F_SETPIPE_SZ, _Pipe.size)
+            except (OSError, ValueError):
+                pass   # the default 64 KiB pipe; the line chains more of them
+
+    def full(self) -> bool:
+        """No free slot (a splice into it would fail with EAGAIN)."""
+        p = select.poll()
+        p.register(self.w, select.POLLOUT)
+        return not p.poll(0)
+
+    def close(self) -> None:
+        for fd in (self.r, self.w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+class _Sock:
+    """One socket of a proxied connection; its epoll interest follows the two lines."""
+
+    __slots__ = ("sock", "fd", "conn", "src_of", "dst_of", "mask", "connecting")
+
+    def __init__(self, sock: socket.socket, conn: "_Conn"):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.conn = conn
+        self.src_of: _Line | None = None   # the line this socket feeds
+        self.dst_of: _Line | None = None   # the line that writes into this socket
+        self.mask = 0
+        self.connecting = False
+
+    def update(self) -> None:
+        """Register the interest the lines want now (none = not registered at all, so a
+        hung-up socket nobody reads does not wake the loop)."""
+        if self.conn.done:
+            return
+        if self.connecting:
+            mask = _OUT
+        else:
+            src, dst = self.src_of, self.dst_of
+            mask = ((_IN if src is not None and src.wants_events() else 0)
+                    | (_OUT if dst is not None and dst.blocked else 0))
+        if mask != self.mask:
+            self.conn.core.set_interest(self, mask)
+
+    def on_event(self, ev: int) -> None:
+        conn = self.conn
+        if conn.done:
+            return
+        if self.connecting:
+            conn.upstream_connected(self)
+            return
+        if ev & (_IN | _ERRS) and self.mask & _IN:
+            self.src_of.pull(False)
+            if conn.done:
+                return
+        if ev & (_OUT | _ERRS) and self.mask & _OUT:
+            line = self.dst_of
+            line.blocked = False
+            line.flush()
+            if not conn.done:
+                self.update()
+
+    def abort(self) -> None:
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER0)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def shutdown_write(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class _Line:
+    """One direction of one connection: a timed delivery queue from src to dst whose
+    bytes wait in kernel pipes."""
+
+    __slots__ = ("conn", "core", "link", "up", "q", "pipes", "qbytes", "src", "dst",
+                 "ready", "not_before", "last_due", "eof_read", "done", "polled",
+                 "paused", "blocked", "flush_at", "pull_at")
 
     def __init__(self, conn: "_Conn", link: _Link, up: bool):
         self.conn = conn
+        self.core = conn.core
         self.link = link
         self.up = up
-        self.q: collections.deque = collections.deque()  # (due, bytes | None=EOF)
+        self.q: collections.deque = collections.deque()  # [due, nbytes | None, pipe]
+        self.pipes: collections.deque = collections.deque()  # write order; [-1] = tail
         self.qbytes = 0
-        self.src: asyncio.Transport | None = None
-        self.dst: asyncio.Transport | None = None
-        self.src_paused = False
-        self.dst_paused = False
-        self.timer: asyncio.TimerHandle | None = None
-        self.not_before = 0.0   # no delivery before this (handshake, stalls)
+        self.src: _Sock | None = None
+        self.dst: _Sock | None = None
+        self.ready = False          # dst can be written (upstream connected)
+        self.not_before = 0.0       # no delivery before this (handshake, stalls)
         self.last_due = 0.0
-        self.closed = False
-        self.eof_fed = False
+        self.eof_read = False
+        self.done = False           # EOF delivered (or the connection is gone)
+        self.polled = False         # src read on the tick grid, not on readiness
+        self.paused = False         # MAX_INFLIGHT reached: src not read
+        self.blocked = False        # dst full: waiting for EPOLLOUT
+        self.flush_at: float | None = None
+        self.pull_at: float | None = None
 
-    # -- producer side -----------------------------------------------------------
-    def feed(self, data: bytes | None) -> None:
-        if self.closed or self.eof_fed:
-            return
-        if data is None:
-            self.eof_fed = True
+    def wants_events(self) -> bool:
+        return not (self.eof_read or self.polled or self.paused or self.done)
+
+    # -- producer side -------------------------------------------------------------------
+    def pull(self, from_grid: bool) -> None:
+        """Read what the source has (one splice, normally) into the tail pipe."""
         conn = self.conn
-        loop = conn.loop
-        now = loop.time()
-        size = len(data) if data else 0
-        due = max(self.link.depart(size, now), self.not_before) + conn.proxy.one_way
-        if conn.proxy.jitter:
-            due = max(due + conn.rng.uniform(-conn.proxy.jitter, conn.proxy.jitter), now)
-        due = max(due, self.last_due)
-        self.last_due = due
-        self.q.append((due, data))
-        self.qbytes += size
-        if self.qbytes > MAX_INFLIGHT and not self.src_paused and self.src is not None:
-            self.src_paused = True
-            self.src.pause_reading()
-        if self.timer is None and not self.dst_paused and self.dst is not None:
-            self.timer = loop.call_at(due, self.flush)
+        if conn.done or self.eof_read or self.done:
+            return
+        got = 0
+        pipes = self.pipes
+        while True:
+            room = MAX_INFLIGHT - self.qbytes
+            if room <= 0:
+                self.paused = True          # flush() resumes below RESUME_INFLIGHT
+                break
+            if not pipes and not self._chain():
+                break
+            pipe = pipes[-1]
+            try:
+                n = _splice(self.src.fd, pipe.w, room, flags=_SPLICE)
+            except BlockingIOError:
+                if pipe.count and pipe.full() and self._chain():
+                    continue                # the older pipes are only read from now on
+                break                       # the source is drained (or no pipe to spare)
+            except OSError:
+                conn.reset(count=False)     # an abort on one side is passed on
+                return
+            now = _now()
+            if n == 0:
+                self.eof_read = True
+                self._queue(None, None, now)
+                break
+            if self.up:
+                if conn.down_since_req:
+                    conn.down_since_req = False
+                    if conn.faults.new_request(conn):
+                        return              # reset: these bytes never leave
+            elif not got:
+                conn.faults.response_bytes(conn)
+            pipe.count += n
+            got += n
+            self._queue(n, pipe, now)
+            # The kernel caps one splice into a pipe at its free slots x 4 KiB (though a
+            # slot often holds a 32 KiB fragment), so the tail pipe is changed for an
+            # empty one long before it is full; after a big read the source likely has
+            # more: read that into the new pipe.
+            chain = _Pipe.size >> 1
+            if pipe.count >= chain and self._chain() and n >= chain:
+                continue
+            break
+        if conn.done:
+            return
+        # busy sources go on the grid, quiet ones back to readiness events
+        if self.paused or self.eof_read:
+            polled = False
+        elif from_grid:
+            polled = got >= POLL_EXIT
+        else:
+            polled = got >= POLL_ENTER
+        if polled:
+            self.core.schedule_pull(self)
+        if polled != self.polled:
+            self.polled = polled
+            self.src.update()
+        elif not polled and (self.paused or self.eof_read):
+            self.src.update()
+
+    def pull_timer(self, when: float) -> None:
+        if self.pull_at != when:
+            return
+        self.pull_at = None
+        if self.polled:
+            self.pull(True)
+
+    def _chain(self) -> bool:
+        """A new tail pipe; without one (out of file descriptors) the source is not read
+        for a while."""
+        try:
+            pipe = self.core.new_pipe()
+        except OSError:
+            if not self.paused:
+                self.paused = True
+                self.core.call_later(0.05, self._retry_pipe)
+            return False
+        self.pipes.append(pipe)
+        return True
+
+    def _retry_pipe(self, _=None) -> None:
+        if self.paused and not self.conn.done and self.qbytes < RESUME_INFLIGHT:
+            self.paused = False
+            self.src.update()
+
+    def _queue(self, n: int | None, pipe: _Pipe | None, now: float) -> None:
+        core = self.core
+        link = self.link
+        ow = core.one_way
+        jitter = core.jitter
+        q = self.q
+        was_empty = not q
+        if n is None:
+            pieces = (0,)
+        elif link.rate is None or n <= PIECE_MIN:
+            pieces = (n,)
+        else:
+            step = max(PIECE_MIN, int(link.rate * PIECE_S))
+            pieces = [step] * (n // step) + ([n % step] if n % step else [])
+        for size in pieces:
+            due = max(link.depart(size, now), self.not_before) + ow
+            if jitter:
+                due = max(due + self.conn.rng.uniform(-jitter, jitter), now)
+            if due < self.last_due:
+                due = self.last_due
+            self.last_due = due
+            q.append([due, size if n is not None else None, pipe])
+        if n:
+            self.qbytes += n
+        if was_empty and self.ready and not self.blocked:
+            self.arm(q[0][0])
 
     def stall(self, seconds: float) -> None:
         """Hold everything not yet delivered (and all that follows) ``seconds`` longer."""
-        now = self.conn.loop.time()
-        self.not_before = max(self.not_before, now + seconds)
+        self.not_before = max(self.not_before, _now() + seconds)
         if self.q:
-            shifted = collections.deque((d + seconds, b) for d, b in self.q)
-            self.q = shifted
+            for rec in self.q:
+                rec[0] += seconds
             self.last_due = self.q[-1][0]
-            self._reschedule()
+            self.flush_at = None
+            if self.ready and not self.blocked:
+                self.arm(self.q[0][0])
 
-    def _reschedule(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.q and not self.dst_paused and self.dst is not None:
-            self.timer = self.conn.loop.call_at(self.q[0][0], self.flush)
+    # -- consumer side -------------------------------------------------------------------
+    def arm(self, due: float) -> None:
+        if self.flush_at is None or due < self.flush_at:
+            self.flush_at = due
+            self.core.call_at(due, self.flush_timer, due)
 
-    # -- consumer side -----------------------------------------------------------
+    def flush_timer(self, when: float) -> None:
+        if self.flush_at != when:
+            return
+        self.flush_at = None
+        self.flush()
+
     def flush(self) -> None:
-        self.timer = None
-        if self.closed or self.dst is None or self.dst_paused:
-            return
+        """Deliver every record that is due (one splice per pipe)."""
         conn = self.conn
-        limit = conn.loop.time() + EARLY_S
-        out = []
-        eof = False
-        q = self.q
-        while q and q[0][0] <= limit:
-            _, data = q.popleft()
-            if data is None:
-                eof = True
-                break
-            out.append(data)
-        if out:
-            n = sum(map(len, out))
-            self.qbytes -= n
-            conn.delivered(self, n)
-            if self.closed:  # a fault fired inside delivered()
-                return
-            self.dst.write(out[0] if len(out) == 1 else b"".join(out))
-        if eof:
-            self.closed = True
-            q.clear()
-            try:
-                if self.dst.can_write_eof():
-                    self.dst.write_eof()
-                else:
-                    self.dst.close()
-            except (OSError, RuntimeError):
-                pass
-            conn.half_closed()
+        if self.done or conn.done or not self.ready or self.blocked:
             return
-        if self.src_paused and self.qbytes < RESUME_INFLIGHT and self.src is not None:
-            self.src_paused = False
+        q = self.q
+        now = _now()
+        stats = self.core.stats
+        while q and q[0][0] <= now:
+            head = q[0]
+            pipe = head[2]
+            if pipe is None:                      # EOF
+                self._deliver_eof()
+                return
+            total = 0
+            for rec in q:
+                if rec[2] is not pipe or rec[0] > now:
+                    break
+                total += rec[1]
+            want = total
+            if not self.up:
+                budget = conn.faults.down_budget()
+                if budget is not None:
+                    if budget <= 0:
+                        conn.reset()
+                        return
+                    want = min(total, budget)
             try:
-                self.src.resume_reading()
-            except RuntimeError:
-                pass
-        if q and not self.dst_paused:
-            self.timer = conn.loop.call_at(q[0][0], self.flush)
+                m = _splice(pipe.r, self.dst.fd, want, flags=_SPLICE)
+            except BlockingIOError:
+                m = 0
+            except OSError:
+                conn.reset(count=False)
+                return
+            if m:
+                left = m
+                while left:
+                    rec = q[0]
+                    if rec[1] <= left:
+                        left -= rec[1]
+                        q.popleft()
+                    else:
+                        rec[1] -= left
+                        left = 0
+                pipe.count -= m
+                self.qbytes -= m
+                if self.up:
+                    stats.bytes_up += m
+                else:
+                    stats.bytes_down += m
+                    conn.down_since_req = True
+                    conn.faults.delivered_down(conn, m)
+                    if conn.done:
+                        return
+                if pipe.count == 0 and len(self.pipes) > 1 and self.pipes[0] is pipe:
+                    self.core.free_pipe(self.pipes.popleft())
+            if m < want:                          # dst is full: wait until writable
+                self.blocked = True
+                self.dst.update()
+                return
+        if self.paused and self.qbytes < RESUME_INFLIGHT:
+            self.paused = False
+            self.src.update()
+        if q:
+            self.arm(q[0][0])
 
-    def set_dst_paused(self, paused: bool) -> None:
-        self.dst_paused = paused
-        if paused:
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-        else:
-            self.flush()
-
-    def close(self) -> None:
-        self.closed = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+    def _deliver_eof(self) -> None:
+        self.done = True
         self.q.clear()
+        self.close_pipes()
+        self.dst.shutdown_write()
+        self.conn.half_closed()
+
+    def close_pipes(self) -> None:
+        self.flush_at = self.pull_at = None
+        self.polled = False
+        while self.pipes:
+            self.pipes.popleft().close()   # may hold bytes: never reused
         self.qbytes = 0
 
 
-class _Side(asyncio.Protocol):
-    """Protocol for one socket of a proxied connection (client side or upstream side)."""
-
-    def __init__(self, conn: "_Conn", is_client: bool):
-        self.conn = conn
-        self.is_client = is_client
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport):
-        self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
-                except OSError:
-                    pass
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
-        transport.set_write_buffer_limits(high=SOCK_BUF, low=SOCK_BUF // 2)
-        if self.is_client:
-            self.conn.client_made(self)
-        else:
-            self.conn.upstream_made(self)
-
-    def data_received(self, data):
-        self.conn.data_from(self, data)
-
-    def eof_received(self):
-        self.conn.data_from(self, None)
-        return True  # keep the other half open until the EOF is delivered
-
-    def connection_lost(self, exc):
-        self.conn.lost(self, exc)
-
-    def pause_writing(self):
-        self.conn.pipe_into(self).set_dst_paused(True)
-
-    def resume_writing(self):
-        self.conn.pipe_into(self).set_dst_paused(False)
-
-
 class _Conn:
-    """One proxied connection: two sides and two pipes."""
+    """One proxied connection: two sockets and two delay lines."""
 
-    def __init__(self, proxy: "ProxyCore", index: int):
-        self.proxy = proxy
-        self.loop = proxy.loop
-        self.rng = random.Random(f"{proxy.seed}:{index}")
-        self.up = _Pipe(self, proxy.link_up, up=True)
-        self.down = _Pipe(self, proxy.link_down, up=False)
-        self.client: _Side | None = None
-        self.upstream: _Side | None = None
+    def __init__(self, core: "ProxyCore", index: int, client: socket.socket):
+        self.core = core
+        self.rng = random.Random(f"{core.seed}:{index}")
         self.done = False
         self.eofs = 0
         self.down_since_req = True  # the next client bytes start a new request
-        self.faults = ConnFaults(proxy.faults, self.rng)
+        self.up = _Line(self, core.link_up, up=True)
+        self.down = _Line(self, core.link_down, up=False)
+        self.client = _Sock(client, self)
+        self.upstream: _Sock | None = None
+        self.client.src_of = self.up
+        self.client.dst_of = self.down
+        self.up.src = self.client
+        self.down.dst = self.client
+        self.down.ready = True
+        self.faults = ConnFaults(core.faults, self.rng)
 
-    # -- set-up ------------------------------------------------------------------
-    def client_made(self, side: _Side) -> None:
-        self.client = side
-        st = self.proxy.stats
+    def start(self) -> None:
+        core = self.core
+        st = core.stats
         st.connections += 1
         st.active += 1
-        now = self.loop.time()
         # Handshake: the client's first byte leaves no earlier than one RTT after accept.
-        self.up.not_before = now + 2 * self.proxy.one_way
-        self.up.src = side.transport
-        self.down.dst = side.transport
-        self.loop.create_task(self._connect())
-
-    async def _connect(self) -> None:
-        host, port = self.proxy.upstream
+        self.up.not_before = _now() + 2 * core.one_way
+        core.conns.add(self)
+        self.client.update()
         try:
-            await self.loop.create_connection(lambda: _Side(self, False), host, port)
+            fam, addr = core.upstream_addr()
+            s = socket.socket(fam, socket.SOCK_STREAM)
         except OSError:
-            self.proxy.stats.upstream_errors += 1
+            core.stats.upstream_errors += 1
+            self.reset(count=False)
+            return
+        _tune(s)
+        s.setblocking(False)
+        self.upstream = up = _Sock(s, self)
+        up.src_of = self.down
+        up.dst_of = self.up
+        self.down.src = up
+        self.up.dst = up
+        err = s.connect_ex(addr)
+        if err in (0, errno.EINPROGRESS):
+            up.connecting = True
+            up.update()
+        else:
+            core.stats.upstream_errors += 1
             self.reset(count=False)
 
-    def upstream_made(self, side: _Side) -> None:
-        if self.done:
-            side.transport.abort()
+    def upstream_connected(self, up: _Sock) -> None:
+        err = up.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if not err:
+            try:
+                up.sock.getpeername()
+            except OSError as exc:
+                if exc.errno == errno.ENOTCONN:
+                    return                  # a stale event: still connecting
+                err = exc.errno
+        if err:
+            self.core.stats.upstream_errors += 1
+            self.reset(count=False)
             return
-        self.upstream = side
-        self.up.dst = side.transport
-        self.down.src = side.transport
+        up.connecting = False
+        self.up.ready = True
+        up.update()
         if self.up.q:
-            self.up._reschedule()
-
-    def pipe_into(self, side: _Side) -> _Pipe:
-        return self.down if side.is_client else self.up
-
-    # -- data --------------------------------------------------------------------
-    def data_from(self, side: _Side, data: bytes | None) -> None:
-        if self.done:
-            return
-        if side.is_client:
-            if data and self.down_since_req:
-                self.down_since_req = False
-                if self.faults.new_request(self):
-                    return
-            self.up.feed(data)
-        else:
-            self.down.feed(data)
-
-    def delivered(self, pipe: _Pipe, n: int) -> None:
-        st = self.proxy.stats
-        if pipe.up:
-            st.bytes_up += n
-            return
-        st.bytes_down += n
-        self.down_since_req = True
-        self.faults.delivered_down(self, n)
-
-    # -- teardown ------------------------------------------------------------------
-    def reset(self, count: bool = True) -> None:
-        """Abort both sides; the client sees ECONNRESET (SO_LINGER 0 => RST)."""
-        if self.done:
-            return
-        if count:
-            self.proxy.stats.resets += 1
-        for side in (self.client, self.upstream):
-            if side is None or side.transport is None:
-                continue
-            sock = side.transport.get_extra_info("socket")
-            if sock is not None:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                except OSError:
-                    pass
-            side.transport.abort()
-        self._finish()
+            self.up.arm(self.up.q[0][0])
 
     def half_closed(self) -> None:
         self.eofs += 1
         if self.eofs >= 2:
             self.close()
 
+    def reset(self, count: bool = True) -> None:
+        """Abort both sides; the client sees ECONNRESET (SO_LINGER 0 => RST)."""
+        if self.done:
+            return
+        if count:
+            self.core.stats.resets += 1
+        self._finish(abort=True)
+
     def close(self) -> None:
-        if self.done:
-            return
-        for side in (self.client, self.upstream):
-            if side is not None and side.transport is not None:
-                side.transport.close()
-        self._finish()
+        if not self.done:
+            self._finish(abort=False)
 
-    def lost(self, side: _Side, exc) -> None:
-        if self.done:
-            return
-        if exc is not None:
-            # An abortive close on one side is passed on as an abort of the other.
-            self.reset(count=False)
-            return
-        # Orderly close of one side: deliver what is queued, then close the other.
-        (self.up if side.is_client else self.down).feed(None)
-
-    def _finish(self) -> None:
+    def _finish(self, abort: bool) -> None:
         self.done = True
-        self.up.close()
-        self.down.close()
-        self.proxy.stats.active -= 1
+        core = self.core
+        for line in (self.up, self.down):
+            line.done = True
+            line.q.clear()
+            line.close_pipes()
+        for s in (self.client, self.upstream):
+            if s is None:
+                continue
+            core.forget(s)
+            if abort:
+                s.abort()
+            else:
+                s.sock.close()
+        core.conns.discard(self)
+        core.stats.active -= 1
+
+
+def _more_files() -> None:
+    """Raise the soft limit on open files to the hard one: a busy line holds its bytes
+    in flight in several pipes (two descriptors each)."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+def _tune(sock: socket.socket) -> None:
+    for opt in (socket.SO_RCVBUF, socket.SO_SNDBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+        except OSError:
+            pass
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
 
 
 class ProxyCore:
-    """The proxy's state on its event loop: the link, the faults, the counters."""
+    """The proxy's state and its epoll loop: the link, the faults, the counters.
+
+    ``listen()`` (and optionally ``listen_control()``) bind; ``run()`` serves until
+    ``stop()`` (callable from any thread or a signal handler).
+    """
 
     def __init__(self, upstream: tuple[str, int], rtt_ms: float, mbit: float | None,
                  jitter_ms: float, faults: FaultConfig, seed: int):
@@ -359,17 +590,205 @@ class ProxyCore:
         self.faults = faults
         self.seed = seed
         self.stats = _Stats()
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.cpu_clock = None       # () -> CPU seconds of the proxy (thread or process)
+        self.conns: set[_Conn] = set()
+        self._ep = select.epoll()
+        self._handlers: dict[int, object] = {}
+        self._timers: list = []
+        self._pipes: list[_Pipe] = []     # empty pipes for reuse
+        self._seq = itertools.count()
         self._next = 0
+        self._addr = None
+        self._listeners: list[socket.socket] = []
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._ep.register(self._wake_r, _IN)
+        self._handlers[self._wake_r] = self._on_wake
+        self._stopping = False
 
-    def factory(self) -> asyncio.Protocol:
-        self._next += 1
-        return _Side(_Conn(self, self._next), True)
+    # -- counters ------------------------------------------------------------------------
+    def stats_dict(self) -> dict:
+        d = self.stats.as_dict()
+        try:
+            cpu = self.cpu_clock() if self.cpu_clock is not None else None
+        except OSError:     # the proxy thread just ended
+            cpu = None
+        if cpu is not None:
+            gib = (d["bytes_up"] + d["bytes_down"]) / (1 << 30)
+            d["cpu_s"] = round(cpu, 4)
+            d["cpu_s_per_gib"] = round(cpu / gib, 4) if gib > 0.01 else None
+        return d
 
-    async def serve(self, host: str, port: int) -> asyncio.AbstractServer:
-        self.loop = asyncio.get_running_loop()
-        return await self.loop.create_server(self.factory, host, port, backlog=1024,
-                                             reuse_address=True)
+    # -- set-up --------------------------------------------------------------------------
+    def upstream_addr(self):
+        if self._addr is None:
+            host, port = self.upstream
+            fam, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+            self._addr = (fam, addr)
+        return self._addr
+
+    def listen(self, host: str, port: int) -> int:
+        """Bind the proxy's listening socket; returns its port."""
+        _more_files()
+        ls = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        ls.setblocking(False)
+        self._listeners.append(ls)
+        self._ep.register(ls.fileno(), _IN)
+        self._handlers[ls.fileno()] = lambda ev: self._accept(ls)
+        return ls.getsockname()[1]
+
+    def listen_control(self, port: int) -> int:
+        """A port answering each connection with the counters as JSON; returns it."""
+        cs = socket.create_server(("127.0.0.1", port), backlog=64)
+        cs.setblocking(False)
+        self._listeners.append(cs)
+        self._ep.register(cs.fileno(), _IN)
+        self._handlers[cs.fileno()] = lambda ev: self._control(cs)
+        return cs.getsockname()[1]
+
+    def _accept(self, ls: socket.socket) -> None:
+        while True:
+            try:
+                s, _ = ls.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:   # out of file descriptors: stop accepting for a while
+                self._ep.unregister(ls.fileno())
+                self.call_later(0.1, lambda fd: self._ep.register(fd, _IN), ls.fileno())
+                return
+            s.setblocking(False)
+            _tune(s)
+            self._next += 1
+            _Conn(self, self._next, s).start()
+
+    def _control(self, cs: socket.socket) -> None:
+        while True:
+            try:
+                s, _ = cs.accept()
+            except OSError:
+                return
+            try:
+                s.settimeout(1.0)
+                s.sendall(json.dumps(self.stats_dict()).encode())
+            except OSError:
+                pass
+            finally:
+                s.close()
+
+    # -- the loop ------------------------------------------------------------------------
+    def set_interest(self, s: _Sock, mask: int) -> None:
+        if s.mask == 0:
+            self._ep.register(s.fd, mask)
+            self._handlers[s.fd] = s.on_event
+        elif mask == 0:
+            self._ep.unregister(s.fd)
+            self._handlers.pop(s.fd, None)
+        else:
+            self._ep.modify(s.fd, mask)
+        s.mask = mask
+
+    def forget(self, s: _Sock) -> None:
+        if s.mask:
+            try:
+                self._ep.unregister(s.fd)
+            except (OSError, ValueError):
+                pass
+            if self._handlers.get(s.fd) == s.on_event:
+                del self._handlers[s.fd]
+            s.mask = 0
+
+    def new_pipe(self) -> _Pipe:
+        return self._pipes.pop() if self._pipes else _Pipe()
+
+    def free_pipe(self, pipe: _Pipe) -> None:
+        """An empty pipe back to the pool (kept for the next line that needs one)."""
+        if len(self._pipes) < PIPE_POOL:
+            self._pipes.append(pipe)
+        else:
+            pipe.close()
+
+    def call_at(self, when: float, fn, arg) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), fn, arg))
+
+    def call_later(self, delay: float, fn, arg=None) -> None:
+        self.call_at(_now() + delay, fn, arg)
+
+    def schedule_pull(self, line: _Line) -> None:
+        """Next read of a busy source: the next point of the tick grid (all busy sources
+        are read in the same wake-up)."""
+        when = (int(_now() / TICK_S) + 1) * TICK_S
+        if line.pull_at is None or when < line.pull_at:
+            line.pull_at = when
+            self.call_at(when, line.pull_timer, when)
+
+    def _on_wake(self, ev) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def run(self) -> None:
+        poll = self._ep.poll
+        timers = self._timers
+        handlers = self._handlers
+        heappop = heapq.heappop
+        try:
+            while not self._stopping:
+                if timers:
+                    timeout = timers[0][0] - _now()
+                    if timeout < 0:
+                        timeout = 0
+                else:
+                    timeout = None
+                for fd, ev in poll(timeout):
+                    h = handlers.get(fd)
+                    if h is not None:
+                        try:
+                            h(ev)
+                        except Exception:
+                            self._failed(h)
+                if timers:
+                    now = _now()
+                    while timers and timers[0][0] <= now:
+                        _, _, fn, arg = heappop(timers)
+                        try:
+                            fn(arg)
+                        except Exception:
+                            self._failed(fn)
+        finally:
+            self.close()
+
+    def _failed(self, fn) -> None:
+        """A bug in a handler: say so and drop that connection, keep serving the rest."""
+        traceback.print_exc(file=sys.stderr)
+        owner = getattr(fn, "__self__", None)
+        conn = getattr(owner, "conn", None)
+        if conn is not None:
+            try:
+                conn.reset(count=False)
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+
+    def close(self) -> None:
+        for conn in list(self.conns):
+            conn.close()
+        for ls in self._listeners:
+            ls.close()
+        self._listeners.clear()
+        while self._pipes:
+            self._pipes.pop().close()
+        self._ep.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def parse_hostport(s: str) -> tuple[str, int]:
@@ -395,52 +814,39 @@ class WanProxy:
         self.host = host
         self.port = listen_port
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> "WanProxy":
+        self.port = self.core.listen(self.host, self.port)
         ready = threading.Event()
-        err: list[BaseException] = []
 
         def run():
-            loop = asyncio.new_event_loop()
-            self._loop = loop
+            clk = time.pthread_getcpuclockid(threading.get_ident())
+            self.core.cpu_clock = lambda: time.clock_gettime(clk)
+            ready.set()
             try:
-                server = loop.run_until_complete(self.core.serve(self.host, self.port))
-                self.port = server.sockets[0].getsockname()[1]
-                self._stop = asyncio.Event()
-                ready.set()
-                loop.run_until_complete(self._stop.wait())
-                server.close()
-                loop.run_until_complete(server.wait_closed())
-            except BaseException as exc:  # reported to start()
-                err.append(exc)
-                ready.set()
+                self.core.run()
             finally:
-                loop.close()
+                final = time.clock_gettime(clk)
+                self.core.cpu_clock = lambda: final
 
         self._thread = threading.Thread(target=run, name="wan-proxy", daemon=True)
         self._thread.start()
         ready.wait()
-        if err:
-            raise err[0]
         return self
 
     def stats(self) -> dict:
-        return self.core.stats.as_dict()
+        """The counters; ``cpu_s`` is the proxy thread's CPU time, ``cpu_s_per_gib`` that
+        per GiB carried (both directions)."""
+        return self.core.stats_dict()
 
     def stop(self) -> None:
         if self._thread is None:
             return
-        if self._loop is not None and self._stop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self._stop.set)
-            except RuntimeError:
-                pass
+        self.core.stop()
         self._thread.join(timeout=5)
         self._thread = None
 

@@ -5,13 +5,13 @@ following a response -- is reset with probability ``reset_rate`` (the client see
 ECONNRESET, the upstream connection is dropped) and its response stalled ``stall_s``
 seconds with probability ``stall_rate``.  With ``unit="connection"`` the draws are made
 once per connection; a reset connection is reset after a random number (<
-``CONN_RESET_MAX_BYTES``) of downstream bytes, a stalled one stalls at its first
-response bytes.  Every draw comes from the connection's own seeded generator, so a run
-is reproducible.
+``CONN_RESET_MAX_BYTES``) of downstream bytes (exactly that many reach the client), a
+stalled one stalls from its first response bytes on.  Every draw comes from the
+connection's own seeded generator, so a run is reproducible.
 
-The proxy core (core.py) calls ``ConnFaults`` at two points of a connection's life: when
-a new request starts and when response bytes are delivered; the faults act through the
-connection's ``reset()`` and ``down.stall(seconds)``.
+The proxy core (core.py) calls ``ConnFaults`` when a new request starts, when response
+bytes arrive from upstream, before it delivers response bytes (``down_budget``) and
+after; the faults act through the connection's ``reset()`` and ``down.stall(seconds)``.
 """
 from __future__ import annotations
 
@@ -62,16 +62,24 @@ class ConnFaults:
             conn.reset()
             return True
         if c.stall_rate and self.rng.random() < c.stall_rate:
-            conn.proxy.stats.stalls += 1
+            conn.core.stats.stalls += 1
             conn.down.stall(c.stall_s)
         return False
 
-    def delivered_down(self, conn: "_Conn", n: int) -> None:
-        """``n`` response bytes reached the client: the connection-unit faults fire."""
-        self.down_total += n
+    def response_bytes(self, conn: "_Conn") -> None:
+        """Response bytes arrived from upstream: a connection-unit stall starts here."""
         if self.conn_stall:
             self.conn_stall = False
-            conn.proxy.stats.stalls += 1
+            conn.core.stats.stalls += 1
             conn.down.stall(self.cfg.stall_s)
-        if self.reset_after is not None and self.down_total > self.reset_after:
-            conn.reset()
+
+    def down_budget(self) -> int | None:
+        """Response bytes that may still reach the client before the connection-unit
+        reset (None = no reset pending); at 0 the core resets the connection."""
+        if self.reset_after is None:
+            return None
+        return self.reset_after - self.down_total
+
+    def delivered_down(self, conn: "_Conn", n: int) -> None:
+        """``n`` response bytes reached the client."""
+        self.down_total += n

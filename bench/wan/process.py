@@ -2,19 +2,21 @@
 ``WanProxyProcess``, which starts that command and reads its counters.
 
 The subprocess prints one line ``listening PORT control CTLPORT ...`` when it serves; the
-control port answers each connection with the counters as JSON.  The benchmark runner
-uses the subprocess so the proxy never competes with workload threads for the GIL.
+control port answers each connection with the counters as JSON (with ``cpu_s``, the
+proxy process's CPU seconds since it started serving, and ``cpu_s_per_gib``, that per GiB
+carried).  The benchmark runner uses the subprocess so the proxy never competes with
+workload threads for the GIL.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 
 from .core import ProxyCore, parse_hostport
 from .faults import FaultConfig
@@ -96,6 +98,18 @@ class WanProxyProcess:
         self.stop()
 
 
+def cpu_note(after: dict, before: dict | None = None) -> str | None:
+    """One line for a run's notes: the emulator's own CPU per GiB it carried, from two
+    ``stats()`` (or one: since the proxy started); None if they have no ``cpu_s``."""
+    before = before or {}
+    if "cpu_s" not in after:
+        return None
+    cpu = after["cpu_s"] - before.get("cpu_s", 0.0)
+    gib = sum(after[k] - before.get(k, 0) for k in ("bytes_up", "bytes_down")) / (1 << 30)
+    per = f"{cpu / gib:.2f} CPU-s per GiB carried" if gib > 0.01 else "idle"
+    return f"WAN emulator: {per} ({cpu:.1f} CPU-s for {gib:.2f} GiB)"
+
+
 # -- command line -----------------------------------------------------------------------
 
 
@@ -121,36 +135,26 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-async def _amain(a: argparse.Namespace) -> None:
+def serve(a: argparse.Namespace) -> None:
     core = ProxyCore(parse_hostport(a.upstream), a.rtt_ms, a.mbit, a.jitter_ms,
                      FaultConfig(a.reset_rate, a.stall_rate, a.stall_s, a.fault_unit), a.seed)
-    server = await core.serve(a.host, a.listen)
-    port = server.sockets[0].getsockname()[1]
-    ctl_port = 0
-    if a.control_port is not None:
-        async def ctl(reader, writer):
-            writer.write(json.dumps(core.stats.as_dict()).encode())
-            await writer.drain()
-            writer.close()
-        ctl_server = await asyncio.start_server(ctl, "127.0.0.1", a.control_port)
-        ctl_port = ctl_server.sockets[0].getsockname()[1]
+    port = core.listen(a.host, a.listen)
+    ctl_port = core.listen_control(a.control_port) if a.control_port is not None else 0
+    cpu0 = time.process_time()              # the whole process is the emulator; its CPU
+    core.cpu_clock = lambda: time.process_time() - cpu0   # from here (not the start-up)
     print(f"listening {port} control {ctl_port} upstream {a.upstream} rtt_ms {a.rtt_ms}",
           flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        signal.signal(sig, lambda *_: core.stop())
     if a.stats_interval > 0:
-        async def report():
-            while True:
-                await asyncio.sleep(a.stats_interval)
-                print(json.dumps(core.stats.as_dict()), file=sys.stderr, flush=True)
-        loop.create_task(report())
-    await stop.wait()
-    server.close()
+        def report(_):
+            print(json.dumps(core.stats_dict()), file=sys.stderr, flush=True)
+            core.call_later(a.stats_interval, report)
+        core.call_later(a.stats_interval, report)
+    core.run()
 
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    asyncio.run(_amain(a))
+    serve(a)
     return 0
