@@ -22,7 +22,7 @@ from bench.harness import Ctx, log
 from bench.scenarios import DEFAULT, SCENARIOS, hints_note, missing_requirements, systems_for
 from bench.seaweed import SeaweedServer
 from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
-from bench.wan import WanProxyProcess
+from bench.wan import WanProxyProcess, cpu_note
 
 BUCKET = "bench"
 # A scenario's body on one system may not take longer than this (a hung FUSE read is
@@ -114,6 +114,8 @@ def run(args) -> int:
                 log(f"== scenario {name} done in {time.monotonic() - ts:.1f} s")
                 _write(out, meta, rows, ctx.notes, t_start, partial=True)
             meta["proxy_stats"] = proxy.stats()
+            if (note := cpu_note(meta["proxy_stats"])) is not None:
+                ctx.notes.append(note)       # the table measures the systems, not the proxy
             rows = report.annotate(rows)
             _write(out, meta, rows, ctx.notes, t_start, partial=False)
             print(report.table(rows, meta, ctx.notes), flush=True)
