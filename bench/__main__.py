@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
         doc = (fn.__doc__ or "").strip().splitlines() or ["-"]
-        print(f"{name:10} {doc[0]}{extra}")
+        print(f"{name:12} {doc[0]}{extra}")
     print("systems:", ", ".join(ALL_SYSTEMS))
     print(f"{HINTS_SYSTEM} runs only in: {', '.join(HINTED)} (the scenarios that publish hints)")
     return 0
