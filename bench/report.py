@@ -158,10 +158,13 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
                                             if "windows" in r],
                                      "train: samples/s per batch window (cold)"))
             continue
-        if s == "train-files":
-            made.append(windows_plot(path, [(f"{r['system']} {r['phase']}", r["windows"])
-                                            for r in rs if "windows" in r],
-                                     "train-files: samples/s per batch window"))
+        if s == "train-files":          # one plot per epoch: the warm-up, then epoch 2
+            for ph in sorted({r["phase"] for r in rs if "windows" in r}):
+                made.append(windows_plot(
+                    Path(out) / f"{s}-{ph}.png",
+                    [(r["system"], r["windows"]) for r in rs
+                     if "windows" in r and r["phase"] == ph],
+                    f"train-files {ph}: samples/s per window of batches"))
             continue
         phases = []
         for r in rs:

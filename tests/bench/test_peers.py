@@ -151,3 +151,19 @@ def test_train_files_catches_corruption_and_reshuffles(tmp_path):
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
     r = trainfiles.train_files(ld.epoch, man, 0.0, 2, 3)
     assert r["verify_errors"] == 1 and r["samples"] == 96
+
+
+def test_train_files_rows_get_ratios_notes_and_one_plot_per_epoch(tmp_path):
+    w = lambda v: [{"batch": b, "t": b / 10, "samples_per_s": v} for b in (10, 20, 30, 40)]  # noqa: E731
+    rows = [{"scenario": "train-files", "system": s, "phase": ph, "value": v, "unit": "samples/s",
+             "mbps": v / 10, "windows": w(v), "stall_fraction": 0.1, "cpu_s": 1.0,
+             "workers": 8, "verify_errors": 0}
+            for s, v in (("local", 1000.0), ("mosaic", 500.0)) for ph in ("epoch1", "epoch2")]
+    rows[2]["conversion"] = {"format": "mds", "convert_s": 3.0, "upload_s": 1.0,
+                             "converted_bytes": 10**8, "original_bytes": 10**8, "objects": 3}
+    rows = report.annotate(rows)
+    assert rows[2]["x_local"] == 0.5 and rows[2]["within5_batch"] is None
+    text = report.table(rows, {"argv": []})
+    assert "converted copy 100 MB (1.00x, 3 objects)" in text and "within 5% of local at batch never" in text
+    made = report.plots(rows, tmp_path)
+    assert [p.name for p in made] == ["train-files-epoch1.png", "train-files-epoch2.png"]
