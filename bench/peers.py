@@ -57,13 +57,16 @@ PEERS = {
 }
 # What the -tuned rows change (README: "Peers").  Defaults: s3torchconnector 8 readers /
 # 8 DataLoader workers (the scenario's) / one shard reader; mosaic predownload 8 x batch
-# per worker; litdata max_pre_download 2 chunks.  s3torchconnector has no tuned bigfile
+# per worker, 64 MiB shards; litdata max_pre_download 2 chunks of 64 MB.  Tuned shard /
+# chunk size 8 MB: a worker's first sample waits for a whole shard, and a dataset of a
+# few hundred MB in 64 MB pieces leaves 8 workers without enough pieces to fetch in
+# parallel (a separate converted copy).  s3torchconnector has no tuned bigfile
 # row: its CRT client already splits one object into parallel 8 MiB ranged GETs, and
 # refuses parts under 5 MiB.
 TUNING = {
     "s3torchconnector": {"readers": 32, "workers": 32, "shard_readers": 4},
-    "mosaic": {"workers": 8, "predownload_batches": 32},
-    "litdata": {"workers": 8, "max_pre_download": 8},
+    "mosaic": {"workers": 8, "predownload_batches": 32, "shard_mb": 8},
+    "litdata": {"workers": 8, "max_pre_download": 8, "shard_mb": 8},
 }
 TUNED_SCENARIOS = {"s3torchconnector": ("samples", "shards", "train-files")}
 INSTALL_HINT = "pip install -e '.[peers]'"
@@ -118,22 +121,24 @@ def _lit_item(item):
         return {"path": rel, "label": tf.label_of(rel), "jpg": f.read()}
 
 
-def convert(fmt: str, src: Path, manifest: dict, out: Path) -> None:
+def convert(fmt: str, src: Path, manifest: dict, out: Path, shard_mb: int | None = None) -> None:
     """Write ``manifest``'s files under ``src`` as ``fmt`` ("mds" | "litdata") to ``out``,
-    with each library's default shard / chunk size and no compression."""
+    with each library's default shard / chunk size (or ``shard_mb`` MB), no compression."""
     rels = sorted(manifest["files"])
     shutil.rmtree(out, ignore_errors=True)
     if fmt == "mds":
         sb = import_streaming()
+        kw = {"size_limit": shard_mb << 20} if shard_mb else {}
         with sb.MDSWriter(out=str(out), columns={"path": "str", "label": "int",
-                                                 "jpg": "bytes"}) as w:
+                                                 "jpg": "bytes"}, **kw) as w:
             for rel in rels:
                 w.write({"path": rel, "label": tf.label_of(rel),
                          "jpg": (src / rel).read_bytes()})
     elif fmt == "litdata":
         import litdata
         litdata.optimize(fn=_lit_item, inputs=[(str(src), rel) for rel in rels],
-                         output_dir=str(out), chunk_bytes="64MB", mode="overwrite")
+                         output_dir=str(out), chunk_bytes=f"{shard_mb or 64}MB",
+                         mode="overwrite")
     else:
         raise ValueError(fmt)
 
@@ -147,15 +152,17 @@ def _s3(env: SystemEnv, endpoint: str):
                                       max_pool_connections=16))
 
 
-def converted(env: SystemEnv, fmt: str, ds_name: str, manifest: dict, work: Path) -> dict:
-    """Make sure ``FMT/<ds_name>/`` in the bucket holds this dataset in ``fmt``; returns
+def converted(env: SystemEnv, fmt: str, ds_name: str, manifest: dict, work: Path,
+              shard_mb: int | None = None) -> dict:
+    """Make sure ``FMT[-Nmb]/<ds_name>/`` in the bucket holds this dataset in ``fmt`` (with
+    ``shard_mb`` MB shards / chunks, else the library's default); returns
     ``{"format", "prefix", "convert_s", "converted_bytes", "original_bytes", "objects"}``.
 
     Done once per dataset (a marker object records the source signature and what the
     conversion cost): convert the local copy in a subprocess, then upload straight to
     SeaweedFS (``env.direct_endpoint``; not through the link).
     """
-    prefix = f"{fmt}/{ds_name}"
+    prefix = f"{fmt}{f'-{shard_mb}mb' if shard_mb else ''}/{ds_name}"
     s3 = _s3(env, env.direct_endpoint or env.endpoint)
     marker = f"{prefix}/.bench-source.json"
     sig = json.dumps(manifest["signature"], sort_keys=True)
@@ -163,13 +170,14 @@ def converted(env: SystemEnv, fmt: str, ds_name: str, manifest: dict, work: Path
         info = json.loads(s3.get_object(Bucket=env.bucket, Key=marker)["Body"].read())
         if info.get("signature") == sig:
             return info["conversion"]
-    out = work / f"convert-{fmt}-{ds_name}"
+    out = work / f"convert-{prefix.replace('/', '-')}"
     mpath = work / f"manifest-{ds_name}.json"
     mpath.write_text(json.dumps(manifest))
     here = str(Path(__file__).resolve().parent.parent)
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "bench.peers", "convert", fmt,
-                        str(env.data_dir / ds_name), str(mpath), str(out)],
+                        str(env.data_dir / ds_name), str(mpath), str(out),
+                        str(shard_mb or 0)],
                        capture_output=True, text=True, timeout=3600, cwd=here,
                        env=dict(os.environ, PYTHONPATH=here + os.pathsep
                                 + os.environ.get("PYTHONPATH", "")))
@@ -184,7 +192,8 @@ def converted(env: SystemEnv, fmt: str, ds_name: str, manifest: dict, work: Path
         return p.stat().st_size
     with cf.ThreadPoolExecutor(8) as ex:
         nbytes = sum(ex.map(put, files))
-    info = {"format": fmt, "prefix": prefix, "convert_s": round(t1 - t0, 2),
+    info = {"format": fmt, "shard_mb": shard_mb, "prefix": prefix,
+            "convert_s": round(t1 - t0, 2),
             "upload_s": round(time.monotonic() - t1, 2),
             "converted_bytes": nbytes, "objects": len(files),
             "original_bytes": sum(m["size"] for m in manifest["files"].values()),
@@ -252,7 +261,8 @@ class PeerClient:
         """One-off work before the clock starts (the streaming libraries' conversion)."""
         fmt = getattr(self, "fmt", None)
         if fmt:
-            self.conv = converted(self.env, fmt, ds_name, manifest, self.work)
+            mb = TUNING[self.system.peer].get("shard_mb") if self.tuned else None
+            self.conv = converted(self.env, fmt, ds_name, manifest, self.work, mb)
 
     def conversion(self) -> dict | None:
         """What the converted copy cost (streaming libraries), once one was made."""
@@ -462,6 +472,7 @@ class ClientSystem(System):
             import litdata.streaming.downloader as dl
             patched = dl._OBSTORE_CLIENT_OPTIONS
             dl._OBSTORE_CLIENT_OPTIONS = {**patched, "allow_http": True}
+        tf.quiet_torch_warnings()    # "8 workers on 2 cores": known, and the point
         client = CLIENTS[self.peer](self, work)
         try:
             yield Mounted(self.name, None, remote=True, kind="client", client=client,
@@ -495,8 +506,10 @@ def make_peer(name: str, env: SystemEnv) -> ClientSystem:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["convert"] or len(sys.argv) != 6:
-        print("usage: python -m bench.peers convert mds|litdata SRC MANIFEST OUT", file=sys.stderr)
+    if sys.argv[1:2] != ["convert"] or len(sys.argv) not in (6, 7):
+        print("usage: python -m bench.peers convert mds|litdata SRC MANIFEST OUT [SHARD_MB]",
+              file=sys.stderr)
         sys.exit(2)
-    fmt, src, man, out = sys.argv[2:]
-    convert(fmt, Path(src), json.loads(Path(man).read_text()), Path(out))
+    fmt, src, man, out = sys.argv[2:6]
+    convert(fmt, Path(src), json.loads(Path(man).read_text()), Path(out),
+            int(sys.argv[6]) if len(sys.argv) == 7 and int(sys.argv[6]) else None)

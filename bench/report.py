@@ -87,7 +87,9 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
         if conv and r["phase"] in ("cold", "epoch1"):
             note.append(f"converted copy {conv['converted_bytes'] / 1e6:.0f} MB "
                         f"({conv['converted_bytes'] / max(conv['original_bytes'], 1):.2f}x, "
-                        f"{conv['objects']} objects) made in {conv['convert_s']:.0f} s "
+                        f"{conv['objects']} objects"
+                        + (f" of <= {conv['shard_mb']} MB" if conv.get("shard_mb") else "")
+                        + f") made in {conv['convert_s']:.0f} s "
                         f"+ upload {conv.get('upload_s', 0):.0f} s, not counted")
         thr = f"{r['value']:.1f} {r['unit']}"
         out.append(
