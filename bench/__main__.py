@@ -13,11 +13,13 @@ def main(argv: list[str] | None = None) -> int:
 
     r = sub.add_parser("run", help="run scenarios on every system through the WAN proxy")
     r.add_argument("--scenario", default="all",
-                   help="comma-separated scenario names, or 'all' = the built-in six (see 'list')")
+                   help="comma-separated scenario names, or 'all' = the built-in seven (see 'list')")
     r.add_argument("--systems", default="all",
                    help="comma-separated: link,local,neuralcache,neuralcache-hints,"
-                        "neuralcache-noprefetch,rclone,s3fs (default all; neuralcache-hints "
-                        "runs only where hints are published, see 'list')")
+                        "neuralcache-noprefetch,rclone,s3fs and the peers s3torchconnector,"
+                        "mosaic,litdata (+ -tuned) (default all; neuralcache-hints runs only "
+                        "where hints are published, a peer only where it has a workload, "
+                        "see 'list')")
     r.add_argument("--rtt-ms", type=float, default=60.0, help="round trip time (default 60)")
     r.add_argument("--mbit", type=float, default=None, help="bandwidth cap per direction")
     r.add_argument("--jitter-ms", type=float, default=0.0, help="link jitter (+- ms one way)")
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
         doc = (fn.__doc__ or "").strip().splitlines() or ["-"]
-        print(f"{name:10} {doc[0]}{extra}")
+        print(f"{name:12} {doc[0]}{extra}")
     print("systems:", ", ".join(ALL_SYSTEMS))
     print(f"{HINTS_SYSTEM} runs only in: {', '.join(HINTED)} (the scenarios that publish hints)")
     return 0

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from bench import datasets
+from bench.cpu import CpuMeter
 from bench.systems import (MountOptions, Mounted, SystemEnv, abort_mount, drop_page_cache,
                            make_system)
 
@@ -75,22 +76,33 @@ class Ctx:
     # -- systems ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def mount(self, system: str, opts: MountOptions | None = None):
-        """Mount ``system`` fresh with an empty cache; yields a ``Mounted`` (``.root``)."""
-        with make_system(system, self.sys_env).mount(opts) as m:
+        """Open ``system`` fresh with an empty cache; yields a ``Mounted``: a mount
+        (``.root``) or a client system (``.kind == "client"``, ``.client``)."""
+        with make_system(system, self.sys_env).open(opts) as m:
             yield m
 
     def drop_caches(self, m: Mounted, ds_name: str, level: int = 1) -> str:
+        if m.root is None:
+            return "n/a"
         files = [m.root / ds_name / rel for rel in self.manifests.get(ds_name, {}).get("files", {})]
         return drop_page_cache(files, level=level)
 
+    def _not_client_cpu(self) -> list[int]:
+        """The processes standing for the network and the store (not the client's CPU)."""
+        return [getattr(getattr(x, "proc", None), "pid", None) for x in (self.seaweed, self.proxy)]
+
     def measure(self, m: Mounted | None, phase: str, fn: Callable[[], dict]) -> dict:
-        """Run ``fn`` and attach link bytes (proxy counter deltas) and cache stats deltas."""
+        """Run ``fn`` and attach link bytes (proxy counter deltas), cache stats deltas and
+        the CPU of every process involved (bench/cpu.py: this process and its children,
+        e.g. loader workers, plus the system's daemon; not the proxy or SeaweedFS)."""
         p0 = self.proxy.stats()
         s0 = m.stats() if m else None
+        cpu = CpuMeter(m.daemon_pids if m else list, self._not_client_cpu).start()
         res = fn()
+        cpu_row = cpu.stop()
         p1 = self.proxy.stats()
         s1 = m.stats() if m else None
-        row = {"phase": phase, **res,
+        row = {"phase": phase, **cpu_row, **res,
                "link_bytes_down": p1["bytes_down"] - p0["bytes_down"],
                "link_bytes_up": p1["bytes_up"] - p0["bytes_up"],
                "link_connections": p1["connections"] - p0["connections"]}
@@ -148,7 +160,11 @@ class Ctx:
 
     def error_row(self, base: dict, phase: str, exc: Exception) -> dict:
         """Log a system's failure and return it as a table row."""
-        msg = f"{type(exc).__name__}: {exc}"
+        lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()] or [""]
+        # one line: a loader worker's error comes as "Caught X in worker ... Traceback
+        # ... X: cause"; keep its first and last line
+        text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+        msg = f"{type(exc).__name__}: {text}"
         self.log(f"{base['scenario']}: {base['system']} failed: {msg}")
         return {**base, "phase": phase, "error": msg[:300]}
 

@@ -6,6 +6,9 @@ from pathlib import Path
 from bench.train import within
 
 
+WINDOWED = ("train", "train-files", "maze")   # rows with per-window samples/s
+
+
 def annotate(rows: list[dict]) -> list[dict]:
     """Add ``x_local`` (value / local's value, same scenario+phase), ``x_link`` (MB/s /
     link MB/s, same scenario) and, for train, ``within5_batch``."""
@@ -21,7 +24,7 @@ def annotate(rows: list[dict]) -> list[dict]:
         li = link.get(r["scenario"])
         if li and li["mbps"] and r["system"] != "link" and r.get("mbps"):
             r["x_link"] = r["mbps"] / li["mbps"]
-        if (r["scenario"] in ("train", "maze") and lo and lo is not r and "windows" in r
+        if (r["scenario"] in WINDOWED and lo and lo is not r and "windows" in r
                 and "windows" in lo):
             steady = sorted(w["samples_per_s"] for w in lo["windows"][1:-1] or lo["windows"])
             target = steady[len(steady) // 2]
@@ -43,8 +46,9 @@ def _hit(r: dict) -> str:
 
 
 def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
-    head = (f"{'scenario':9} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
-            f"{'x local':>8} {'x link':>7} {'hit':>5} {'~hit':>5} {'pf prec':>7} {'link MB':>8} note")
+    head = (f"{'scenario':11} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
+            f"{'x local':>8} {'x link':>7} {'hit':>5} {'~hit':>5} {'pf prec':>7} {'link MB':>8} "
+            f"{'cpu s':>6} note")
     out = [f"# python -m bench {' '.join(meta.get('argv', [])[1:])}",
            f"# RTT {meta.get('rtt_ms')} ms, bandwidth "
            f"{str(meta.get('mbit')) + ' Mbit/s' if meta.get('mbit') else 'unlimited'}, "
@@ -56,7 +60,7 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
            head, "-" * len(head)]
     for r in rows:
         if "error" in r:
-            out.append(f"{r['scenario']:9} {r['phase']:9} {r['system']:23} "
+            out.append(f"{r['scenario']:11} {r['phase']:9} {r['system']:23} "
                        f"ERROR {r['error'][:110]}")
             continue
         note = []
@@ -75,18 +79,33 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
             note.append(f"stall {r['stall_fraction']:.0%}")
         if r.get("mount", {}).get("page_cache_drop") and r["phase"] in ("cold", "epoch1"):
             note.append(f"cache drop: {r['mount']['page_cache_drop']}")
+        if r.get("workers") and r["scenario"] == "train-files":
+            note.append(f"{r['workers']} workers")
+        if r.get("readers"):
+            note.append(f"{r['readers']} readers")
+        conv = r.get("conversion")
+        if conv and r["phase"] in ("cold", "epoch1"):
+            note.append(f"converted copy {conv['converted_bytes'] / 1e6:.0f} MB "
+                        f"({conv['converted_bytes'] / max(conv['original_bytes'], 1):.2f}x, "
+                        f"{conv['objects']} objects"
+                        + (f" of <= {conv['shard_mb']} MB" if conv.get("shard_mb") else "")
+                        + f") made in {conv['convert_s']:.0f} s "
+                        f"+ upload {conv.get('upload_s', 0):.0f} s, not counted")
         thr = f"{r['value']:.1f} {r['unit']}"
         out.append(
-            f"{r['scenario']:9} {r['phase']:9} {r['system']:23} {thr:>17} "
+            f"{r['scenario']:11} {r['phase']:9} {r['system']:23} {thr:>17} "
             f"{_fmt(r.get('mbps'), '8.1f'):>8} {_fmt(r.get('x_local'), '8.2f'):>8} "
             f"{_fmt(r.get('x_link'), '7.2f'):>7} {_hit(r):>5} "
             f"{_fmt(r.get('byte_hit_rate_est'), '5.2f'):>5} "
             f"{_fmt(r.get('prefetch_precision'), '7.2f'):>7} "
-            f"{r.get('link_bytes_down', 0) / 1e6:8.1f} {'; '.join(note)}")
+            f"{r.get('link_bytes_down', 0) / 1e6:8.1f} {_fmt(r.get('cpu_s'), '6.1f'):>6} "
+            f"{'; '.join(note)}")
     out.append("hit: the system's own hit rate (neuralcache: demand-hit bytes / bytes served; "
                "pgc = all reads served by the kernel page cache); ~hit: 1 - link bytes / "
                "bytes read, for every remote system; pf prec: used / fetched read-ahead + "
-               "prefetch bytes.")
+               "prefetch bytes; cpu s: CPU seconds of every process involved (the benchmark "
+               "process, its loader workers, the filesystem daemon; not the proxy or "
+               "SeaweedFS).")
     out += [f"note: {n}" for n in notes or []]
     return "\n".join(out)
 
@@ -140,6 +159,14 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             made.append(windows_plot(path, [(r["system"], r["windows"]) for r in rs
                                             if "windows" in r],
                                      "train: samples/s per batch window (cold)"))
+            continue
+        if s == "train-files":          # one plot per epoch: the warm-up, then epoch 2
+            for ph in sorted({r["phase"] for r in rs if "windows" in r}):
+                made.append(windows_plot(
+                    Path(out) / f"{s}-{ph}.png",
+                    [(r["system"], r["windows"]) for r in rs
+                     if "windows" in r and r["phase"] == ph],
+                    f"train-files {ph}: samples/s per window of batches"))
             continue
         phases = []
         for r in rs:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 from bench import report
 from bench.harness import Ctx, log
-from bench.scenarios import DEFAULT, SCENARIOS, hints_note, missing_requirements, systems_for
+from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
+                             systems_for)
 from bench.seaweed import SeaweedServer
 from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
 from bench.wan import WanProxyProcess, cpu_note
@@ -89,7 +90,7 @@ def run(args) -> int:
                  + (f", {args.mbit} Mbit/s" if args.mbit else ""))
             env = SystemEnv(work_dir=work / "mnt", data_dir=data, bucket=BUCKET,
                             endpoint=proxy.endpoint, access_key=sw.access_key,
-                            secret_key=sw.secret_key)
+                            secret_key=sw.secret_key, direct_endpoint=sw.endpoint)
             ctx = Ctx(quick=args.quick, seed=args.seed, out_dir=out, work_dir=work,
                       data_dir=data, systems=systems, rtt_ms=args.rtt_ms, mbit=args.mbit,
                       bucket=BUCKET, seaweed=sw, s3=s3, s3_link=sw.client(proxy.endpoint),
@@ -97,6 +98,9 @@ def run(args) -> int:
                       timeout_s=args.timeout or (TIMEOUT_QUICK_S if args.quick else TIMEOUT_FULL_S))
             note = hints_note(names, systems)
             if note and args.systems not in (None, "all"):    # named by the user
+                ctx.notes.append(note)
+            note = peers_note(names, systems)
+            if note:
                 ctx.notes.append(note)
             for name in names:
                 ts = time.monotonic()
@@ -109,7 +113,7 @@ def run(args) -> int:
                 except Exception as exc:
                     log(f"scenario {name} failed: {type(exc).__name__}: {exc}")
                     got = [{"scenario": name, "system": "-", "phase": "-",
-                            "error": f"{type(exc).__name__}: {exc}"[:300]}]
+                            "error": " ".join(f"{type(exc).__name__}: {exc}".split())[:300]}]
                 rows.extend(got)
                 log(f"== scenario {name} done in {time.monotonic() - ts:.1f} s")
                 _write(out, meta, rows, ctx.notes, t_start, partial=True)

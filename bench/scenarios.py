@@ -8,11 +8,14 @@ fill in the rest (link bytes, hit rate, prefetch precision).  To add a scenario,
 from __future__ import annotations
 
 import importlib
+import time
 from typing import Callable
 
+from bench import peers
 from bench import train as train_mod
+from bench import trainfiles as tf
 from bench import workloads as wl
-from bench.systems import S3FS_MIN_CACHE_MB, MountOptions
+from bench.systems import PEER_SYSTEMS, S3FS_MIN_CACHE_MB, MountOptions
 
 SCENARIOS: dict[str, Callable] = {}
 # What "--scenario all" runs: the built-in scenarios (their sizes fit the --quick and
@@ -50,8 +53,30 @@ def missing_requirements(names: list[str]) -> str | None:
 
 def systems_for(name: str, systems: list[str]) -> list[str]:
     """The systems scenario ``name`` runs: ``systems`` without neuralcache-hints unless the
-    scenario publishes hints."""
-    return list(systems) if name in HINTED else [s for s in systems if s != HINTS_SYSTEM]
+    scenario publishes hints, and without the peers (client systems) that have no
+    version of its workload (bench/peers.py: ``scenarios_of``)."""
+    out = list(systems) if name in HINTED else [s for s in systems if s != HINTS_SYSTEM]
+    return [s for s in out if s not in PEER_SYSTEMS or name in peers.scenarios_of(s)]
+
+
+def peers_note(names: list[str], systems: list[str]) -> str | None:
+    """The one note for a run with peers: which scenarios each peer has no version of."""
+    skipped = []
+    for s in systems:
+        if s in PEER_SYSTEMS and "-tuned" not in s:
+            out = [n for n in names if n not in peers.scenarios_of(s)]
+            if out:
+                skipped.append(f"{s} (+ -tuned) in {', '.join(out)}")
+    if not skipped:
+        return None
+    return ("peers run only in the scenarios they have a workload for; skipped: "
+            + "; ".join(skipped))
+
+
+def _client_row(m, row: dict) -> dict:
+    """A client system's row carries what its converted copy cost (not counted)."""
+    conv = m.client.conversion() if m.kind == "client" else None
+    return {**row, "conversion": conv} if conv else row
 
 
 def hints_note(names: list[str], systems: list[str]) -> str | None:
@@ -68,6 +93,9 @@ def shards(ctx):
     man = ctx.dataset("shards")
 
     def body(ctx, m):
+        if m.kind == "client":
+            return [ctx.measure(m, ph, lambda: m.client.shards_epoch("shards", man, seed))
+                    for ph, seed in (("cold", 1), ("warm", 2))]
         h = m.info.get("hints", False)
         return [ctx.measure(m, "cold", lambda: wl.shards_epoch(m.root, "shards", man, 1, hints=h)),
                 ctx.measure(m, "warm", lambda: wl.shards_epoch(m.root, "shards", man, 2, hints=h))]
@@ -79,6 +107,10 @@ def samples(ctx):
     man = ctx.dataset("samples")
 
     def body(ctx, m):
+        if m.kind == "client":
+            m.client.prepare("samples", man)
+            return [_client_row(m, ctx.measure(m, ph, lambda: m.client.samples_epoch(
+                "samples", man, 1, epoch))) for ph, epoch in (("cold", 1), ("warm", 2))]
         h = m.info.get("hints", False)
         return [ctx.measure(m, "cold", lambda: wl.samples_epoch(m.root, "samples", man, 1,
                                                                hints=h)),
@@ -93,6 +125,8 @@ def bigfile(ctx):
     man = ctx.dataset("bigfile")
 
     def body(ctx, m):
+        if m.kind == "client":
+            return [ctx.measure(m, "cold", lambda: m.client.bigfile_read("bigfile", man))]
         return [ctx.measure(m, "cold", lambda: wl.bigfile_read(m.root, "bigfile", man))]
     return ctx.run_systems("bigfile", "bigfile", man, body)
 
@@ -108,6 +142,39 @@ def train(ctx):
         return [ctx.measure(m, "cold", lambda: train_mod.train_run(
             m.root, "train", man, seed=1, window=window))]
     return ctx.run_systems("train", "train", man, body,
+                           link_value=lambda r: (nsamples / r["seconds"], "samples/s"))
+
+
+def train_files(ctx):
+    """ImageNet-like files, 8 DataLoader workers, ~1,000 samples/s from local, 2 epochs."""
+    man = ctx.add_dataset(tf.dataset(ctx.quick))
+    nsamples = len(man["files"])
+    window = 5 if ctx.quick else tf.WINDOW
+    tf.quiet_torch_warnings()
+    ctx.notes.append(
+        f"train-files: {nsamples} files, batch {tf.BATCH}, {tf.WORKERS} DataLoader workers "
+        f"(tuned peers: see bench/README.md), compute {tf.COMPUTE_S * 1000:.0f} ms per batch "
+        f"(~{tf.TARGET_SAMPLES_PER_S:.0f} samples/s from local disk), windows of {window} "
+        "batches; epoch 2 reshuffled; cpu s = every process involved (workers, daemon)")
+
+    def body(ctx, m):
+        ld = {}
+        if m.kind == "client":
+            m.client.prepare("train-files", man)
+        tf.warm_loader_machinery()
+
+        def epoch(e):
+            t0 = time.monotonic()          # epoch 1 includes building the loader
+            if "x" not in ld:
+                ld["x"] = (m.client.loader("train-files", man, 1) if m.kind == "client"
+                           else tf.mount_loader(m.root, "train-files", man, 1,
+                                                hints=m.info.get("hints", False)))
+            r = tf.train_files(ld["x"].epoch, man, tf.COMPUTE_S, window, e, t0=t0)
+            r["workers"] = ld["x"].workers
+            return r
+        return [_client_row(m, ctx.measure(m, f"epoch{e}", lambda: epoch(e)))
+                for e in range(1, tf.EPOCHS + 1)]
+    return ctx.run_systems("train-files", "train-files", man, body,
                            link_value=lambda r: (nsamples / r["seconds"], "samples/s"))
 
 
@@ -151,6 +218,7 @@ def fio(ctx):
 
 for _fn in (shards, samples, train, bigfile, overflow, fio):
     register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
+register("train-files", train_files, default=True, hints=True)
 
 
 def _maybe_register_maze() -> None:

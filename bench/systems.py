@@ -8,10 +8,14 @@
   the mount first (neuralcache.hints.publish_order, what HintingSampler does)
 * ``rclone``                  ``rclone mount`` with ``--vfs-cache-mode full``, read-ahead on
 * ``s3fs``                    ``s3fs`` with ``use_cache`` and a raised ``parallel_count``
+* the peers (bench/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
+  ``-tuned`` rows -- not mounts but *client* systems: libraries the workload calls
 
-Every remote system reaches SeaweedFS through the same WAN proxy.  ``System.mount()`` is
-a context manager yielding a ``Mounted`` (``root``, ``stats()``); it always unmounts and
-stops its process on exit, even on error or Ctrl-C.
+Every remote system reaches SeaweedFS through the same WAN proxy.  ``System.open()`` is
+a context manager yielding a ``Mounted``: for a mount (``kind == "mount"``) its ``root``
+and ``stats()``, for a client (``kind == "client"``) no root but ``client``, the object
+a scenario asks for its own version of each workload.  It always unmounts / stops its
+processes on exit, even on error or Ctrl-C.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from bench.cpu import find_pids
+
 # How long a FUSE mount may take to appear (s3fs/rclone: ~1 s; neuralcache lists first).
 MOUNT_TIMEOUT_S = 60.0
 # After fusermount -u, how long a daemon may take to exit before SIGTERM/SIGKILL.
@@ -37,8 +43,12 @@ S3FS_MIN_CACHE_MB = 10 * 16 + 16
 # Free space s3fs keeps on its (tmpfs) cache filesystem when the cache is limited.
 S3FS_RESERVE_MB = 8
 
-ALL_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-hints", "neuralcache-noprefetch",
-               "rclone", "s3fs"]
+MOUNT_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-hints", "neuralcache-noprefetch",
+                 "rclone", "s3fs"]
+# The client systems (bench/peers.py, kept in step by tests/bench/test_peers.py).
+PEER_SYSTEMS = ["s3torchconnector", "s3torchconnector-tuned", "mosaic", "mosaic-tuned",
+                "litdata", "litdata-tuned"]
+ALL_SYSTEMS = MOUNT_SYSTEMS + PEER_SYSTEMS
 
 
 class SystemUnavailable(RuntimeError):
@@ -47,11 +57,20 @@ class SystemUnavailable(RuntimeError):
 
 @dataclass
 class Mounted:
+    """An opened system: a mount (``root``) or a client (``client``, no root)."""
+
     name: str
-    root: Path
+    root: Path | None
     remote: bool
     stats_fn: Callable[[], dict | None] = lambda: None
     info: dict = field(default_factory=dict)  # mount time, command line, cache dir, ...
+    kind: str = "mount"                       # "mount" | "client"
+    client: object = None                     # the peer's workloads (kind "client")
+
+    def daemon_pids(self) -> list[int]:
+        """The processes serving this system (their CPU counts with the workload's)."""
+        return list(self.info.get("daemon_pids") or ([self.info["pid"]]
+                                                     if self.info.get("pid") else []))
 
     def stats(self) -> dict | None:
         try:
@@ -117,8 +136,12 @@ def abort_mount(m: Mounted) -> None:
 
     Writes to the connection's ``abort`` file in fusectl; failing that, kills the
     daemon (its pid is known for rclone/s3fs; for neuralcache the process whose command
-    line names this mountpoint).
+    line names this mountpoint).  A client system has no mount: its ``abort()`` stops
+    its loader processes instead.
     """
+    if m.kind == "client":
+        m.client.abort()
+        return
     dev = m.info.get("fuse_dev")
     conns = Path("/sys/fs/fuse/connections")
     if dev is not None:
@@ -131,16 +154,8 @@ def abort_mount(m: Mounted) -> None:
         except OSError:
             pass
     pids = [m.info["pid"]] if m.info.get("pid") else []
-    if not pids:
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if str(m.root).encode() in cmd and any(b"neuralcache" in c for c in cmd):
-                pids.append(int(d.name))
+    if not pids and m.root is not None:
+        pids = find_pids(str(m.root), "neuralcache")
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -225,6 +240,7 @@ def _fresh_dir(path: Path) -> Path:
 # -- the systems -------------------------------------------------------------------------------
 class System:
     name = "?"
+    kind = "mount"       # "mount": a filesystem root; "client": a library (bench/peers.py)
     hints = False        # the workload publishes each epoch's order to the mount
     remote = True
 
@@ -237,6 +253,11 @@ class System:
     @contextlib.contextmanager
     def mount(self, opts: MountOptions | None = None) -> Iterator[Mounted]:
         raise NotImplementedError
+
+    def open(self, opts: MountOptions | None = None):
+        """The system ready for a workload, fresh with an empty cache (a context
+        manager yielding ``Mounted``): the mount, for a filesystem."""
+        return self.mount(opts)
 
     @contextlib.contextmanager
     def _foreground_mount(self, cmd: list[str], mnt: Path, log: Path,
@@ -270,6 +291,7 @@ class SystemEnv:
     access_key: str
     secret_key: str
     region: str = "us-east-1"
+    direct_endpoint: str | None = None   # SeaweedFS itself (peers' one-off conversions)
 
 
 class LocalSystem(System):
@@ -476,6 +498,7 @@ class NeuralCacheSystem(System):
             yield Mounted(self.name, mnt, remote=True, stats_fn=lambda: self._stats(mnt),
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
                                 "hints": self.hints,
+                                "daemon_pids": find_pids(str(mnt), "neuralcache"),
                                 "fuse_dev": _fuse_dev(mnt), "code": code_revision()})
         finally:
             subprocess.run([exe, "umount", str(mnt)], env=self._env(), capture_output=True,
@@ -497,4 +520,7 @@ def make_system(name: str, env: SystemEnv) -> System:
         return NeuralCacheSystem(env, prefetch=False)
     if name == "neuralcache-hints":
         return NeuralCacheSystem(env, prefetch=True, hints=True)
+    if name in PEER_SYSTEMS:
+        from bench.peers import make_peer
+        return make_peer(name, env)
     raise KeyError(f"unknown system {name!r} (link is measured by the runner)")

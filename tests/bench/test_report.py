@@ -59,9 +59,9 @@ def test_plots_draw_bars_and_train_windows(tmp_path):
 
 def test_hints_system_runs_only_where_hints_are_published():
     from bench.scenarios import hints_note, systems_for
-    from bench.systems import ALL_SYSTEMS
+    from bench.systems import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
 
-    for name in ("shards", "samples"):
+    for name in ("shards", "samples", "train-files"):
         assert systems_for(name, ALL_SYSTEMS) == ALL_SYSTEMS
     for name in ("train", "bigfile", "overflow", "fio"):
         got = systems_for(name, ALL_SYSTEMS)
