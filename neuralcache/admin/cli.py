@@ -45,7 +45,7 @@ def _add_mount_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in ("readahead", "prefetch"):
             p.add_argument(flag, metavar="on|off", help=help_text)
-        elif name in ("allow_other", "debug"):
+        elif name in ("allow_other", "debug", "writable", "sync_close"):
             p.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             p.add_argument(flag, metavar=name.upper().split("_")[-1], help=help_text)
@@ -443,6 +443,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
         return 1
     if fake:
         return 0
+    # mount(8) passes "rw" to every helper unless told "ro", so here it cannot mean
+    # "make it writable": an fstab line asks for writes with `writable`.
+    opts = [",".join(o for o in text.split(",") if o.strip() != "rw") for text in opts]
+    opts = [text for text in opts if text]
     # fuse's generic helper may pass the type prefix: "neuralcache#s3://bucket"
     source = pos[0].split("#", 1)[1] if pos[0].startswith("neuralcache#") else pos[0]
     args = ["mount", source, pos[1]]
