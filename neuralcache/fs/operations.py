@@ -130,6 +130,8 @@ class Operations(pyfuse3.Operations):
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
         if writes is not None:
             writes.repin = self._repin
+            writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
+                parent, os.fsencode(name), ignore_enoent=True)
 
     # -- attributes ------------------------------------------------------------------
     def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
@@ -425,11 +427,12 @@ class Operations(pyfuse3.Operations):
         if self.writes is not None and isinstance(h, DirHandle) and h.node is not None:
             await self.writes.fsyncdir(h.node)
 
-    def _repin(self, old_key: str, old_version: str, info) -> None:
-        """A renamed file's data moved on the remote: open handles follow it."""
+    def _repin(self, old_key: str, info) -> None:
+        """A renamed file's data was copied on the remote (the old key is deleted
+        next): open handles read the copy."""
         for h in self._handles.values():
             p = getattr(h, "pinned", None)
-            if p is not None and p.key == old_key and p.version == old_version:
+            if p is not None and p.key == old_key:
                 h.pinned = Pinned(info.key, info.version, p.size)
 
     # -- everything else is read-only ---------------------------------------------------

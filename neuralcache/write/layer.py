@@ -59,7 +59,8 @@ class WriteLayer(NameOps):
         self._disk = trio.CapacityLimiter(DISK_THREADS)
         self.committer = Committer(self.journal, self._pending_acts, self._disk)
         self.uploader = Uploader(backend, self.journal, self.committer, self.queue,
-                                 sealed=self._sealed, on_done=self._on_done)
+                                 sealed=self._sealed, on_done=self._on_done,
+                                 on_copied=self._moved)
         self.files: dict[int, LocalFile] = {}          # inode -> journal state
         self._current: dict[str, LocalFile] = {}       # staging -> file it is current for
         self._unsealed: set[str] = set()
@@ -67,7 +68,11 @@ class WriteLayer(NameOps):
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self._recent: collections.deque = collections.deque()   # (monotonic, finished Op)
-        self.repin = None          # set by the FUSE edge: (old key, new key, ObjectInfo)
+        # Set by the FUSE edge: open handles follow a move's copy (old key,
+        # ObjectInfo); the kernel forgets a name changed behind its back (parent
+        # inode, name).
+        self.repin = None
+        self.invalidate_entry = None
         self.skip_drain = False    # `neuralcache umount --force`
         self.written_bytes = 0
         self.journal_errors = 0
@@ -566,8 +571,6 @@ class WriteLayer(NameOps):
                         self._uploaded(lf, info)
             else:
                 self._release_staging(op.staging)
-        elif op.kind == "move":
-            self._moved(op, info)
 
     # -- barriers and the control file ------------------------------------------------
     async def barrier(self) -> int:
@@ -605,6 +608,8 @@ class WriteLayer(NameOps):
         except NotFound:
             if (n := self.ns.by_path(key)) is not None and not n.is_dir:
                 self.ns.remove(n)
+        if node is not None and self.invalidate_entry is not None:
+            self.invalidate_entry(node.parent, node.name)
         log.warning("discarded the pending upload of %s (%d bytes)", key,
                     sum(op.size for op in puts))
         return sum(op.size for op in puts)

@@ -197,21 +197,34 @@ class NameOps:
         return acts, released, new_ops
 
     def _moved(self, op: Op, info) -> None:
-        """A move finished: reads of names that pointed at its source now read its
-        destination, and open handles follow."""
+        """A move's copy is on the remote (its source is deleted next): reads of names
+        that pointed at its source now read its destination, and open handles follow
+        (the copy holds what the source held: later writes to the source's name
+        queue after this move)."""
         for k, src in list(self.moved.items()):
             if src == op.src:
                 if k == op.key:
                     del self.moved[k]
                 else:
                     self.moved[k] = op.key
+        if info is None:
+            return
+        if self.repin is not None:
+            self.repin(op.src, info)
         node = self.ns.by_path(op.key)
-        if info is not None and node is not None and not node.is_dir \
-                and node.inode not in self.files and op.key not in self.moved:
-            old_version = node.version
-            node.version, node.size, node.checked = info.version, info.size, time.monotonic()
-            if self.repin is not None:
-                self.repin(op.src, old_version, info)
+        if node is None or node.is_dir or op.key in self.moved:
+            return
+        lf = self.files.get(node.inode)
+        if lf is not None:
+            # renamed while its upload ran: the copy is that upload, so the remote
+            # now has exactly this file unless it changed since
+            if lf.sealed and not lf.dirty and not self.queue.puts_of(lf.staging):
+                lf.remote_base = True
+                lf.uploaded = info
+                if lf.writers == 0:
+                    self._uploaded(lf, info)
+            return
+        node.version, node.size, node.checked = info.version, info.size, time.monotonic()
 
     # -- directories and re-listing -------------------------------------------------
     async def fsyncdir(self, node: Node) -> None:

@@ -45,6 +45,7 @@ class Op:
     finished: bool = False        # done (or cancelled / discarded)
     failures: int = 0             # failed attempts in a row
     failing_since: float | None = None   # time.monotonic() of the first of them
+    failed_at: float = 0.0        # time.monotonic() of the last failure
     error: BaseException | None = None
     not_before: float = 0.0       # time.monotonic() of the next attempt
     discard: bool = False         # the user dropped it while it was running
@@ -64,9 +65,10 @@ class Op:
             return {"a": "move", "id": self.id, "src": self.src, "dst": self.key}
         return {"a": "delete", "id": self.id, "key": self.key}
 
-    def stuck(self, now: float | None = None) -> BaseException | None:
-        """The error a barrier waiting for this operation should give up with."""
-        if self.error is None or self.failing_since is None:
+    def stuck(self, since: float, now: float | None = None) -> BaseException | None:
+        """The error a barrier that began at ``since`` should give up with: from an
+        attempt made after it began, and permanent or failing for BARRIER_GIVE_UP_S."""
+        if self.error is None or self.failing_since is None or self.failed_at < since:
             return None
         now = time.monotonic() if now is None else now
         if isinstance(self.error, PERMANENT) or now - self.failing_since >= BARRIER_GIVE_UP_S:
@@ -181,11 +183,18 @@ class OpQueue:
     # -- barriers ------------------------------------------------------------------
     async def wait(self, ops: Iterable[Op]) -> None:
         """Until every one of ``ops`` is finished; raises the error of one that is
-        stuck (BARRIER_GIVE_UP_S, or a permanent error)."""
+        stuck (BARRIER_GIVE_UP_S, or a permanent error).  Operations waiting for a
+        retry are tried again now: the remote may have been fixed meanwhile."""
+        since = time.monotonic()
         waiting = [op for op in ops if not op.finished]
+        for op in waiting:
+            if op.error is not None and not op.running:
+                op.not_before = since
+        if waiting:
+            self.notify()
         while waiting:
             for op in waiting:
-                err = op.stuck()
+                err = op.stuck(since)
                 if err is not None:
                     raise _for_caller(op, err)
             retry_in = min((op.failing_since + BARRIER_GIVE_UP_S for op in waiting

@@ -85,13 +85,15 @@ def _pread_all(fd: int, length: int, offset: int) -> bytes:
 class Uploader:
     def __init__(self, backend, journal: Journal, committer: Committer, queue: OpQueue, *,
                  sealed: Callable[[str], bool],
-                 on_done: Callable[[Op, ObjectInfo | None], None]):
+                 on_done: Callable[[Op, ObjectInfo | None], None],
+                 on_copied: Callable[[Op, ObjectInfo | None], None] | None = None):
         self.backend = backend
         self.journal = journal
         self.committer = committer
         self.queue = queue
         self.sealed = sealed
         self.on_done = on_done
+        self.on_copied = on_copied    # a move's copy is done, its source not yet deleted
         self.requests = trio.CapacityLimiter(requests_for(DEFAULT_PART_SECONDS))
         self._part_seconds: collections.deque[float] = collections.deque(maxlen=PART_WINDOW)
         self._running = 0
@@ -150,6 +152,7 @@ class Uploader:
         op.running = False
         op.failures += 1
         op.error = exc
+        op.failed_at = now
         if op.failing_since is None:
             op.failing_since = now
         delay = min(RETRY_MAX_S, RETRY_BASE_S * 2 ** (op.failures - 1))
@@ -260,6 +263,8 @@ class Uploader:
                 log.warning("rename of %s to %s: neither exists on the remote; nothing "
                             "to rename", op.src, op.key)
                 return None
+        if self.on_copied is not None:     # readers switch to the copy before the delete
+            self.on_copied(op, info)
         await trio.to_thread.run_sync(self.backend.delete, op.src, limiter=self.requests)
         return info
 

@@ -1,0 +1,440 @@
+"""The write path (issue 12) end to end: real FUSE mounts with --writable over a real
+SeaweedFS bucket (and a POSIX directory); every byte checked by xxh3 against what
+was written, through the mount and in the bucket (boto3)."""
+import errno
+import gc
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from awsproxy import AwsProxy, _error_xml
+from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
+                      run_cli, upload_tree)
+
+pytestmark = [needs_fuse, pytest.mark.e2e]
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def bucket(s3):
+    return new_bucket(s3)
+
+
+@pytest.fixture
+def env(seaweed):
+    return cli_env(seaweed)
+
+
+def s3_mount(seaweed, bucket, tmp_path, *args, cache="cache", writable=True):
+    return mounted(f"s3://{bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                   cache_dir=tmp_path / cache,
+                   args=["--endpoint-url", seaweed.endpoint,
+                         *(["--writable"] if writable else []), *args])
+
+
+def in_bucket(s3, bucket) -> dict[str, bytes]:
+    out = {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for o in page.get("Contents", []):
+            out[o["Key"]] = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+    return out
+
+
+def digests(files: dict[str, bytes]) -> dict[str, str]:
+    return {k: digest(v) for k, v in files.items()}
+
+
+def read_tree(root: Path) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, filenames in os.walk(root):
+        for f in filenames:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_bytes()
+    return out
+
+
+def stats(mp) -> dict:
+    return json.loads((Path(mp) / ".neuralcache" / "stats.json").read_text())
+
+
+def sync(mp, env):
+    r = run_cli("sync", mp, env=env)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+# -- the basic contract ------------------------------------------------------------------
+def test_create_write_close_read_back_through_mount_and_bucket(seaweed, s3, bucket, tmp_path,
+                                                              env):
+    files = {"ckpt/model.bin": payload(1, 20 * MB + 123),   # multipart (8 MiB parts)
+             "ckpt/small.json": b'{"step": 100}',
+             "ckpt/empty": b"",
+             "top.txt": payload(2, 100_000)}
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        assert os.statvfs(mp).f_bavail > 0            # room in the journal
+        (mp / "ckpt").mkdir()
+        with open(mp / "ckpt" / "model.bin", "wb") as f:
+            data = files["ckpt/model.bin"]
+            for off in range(0, len(data), MB):
+                f.write(data[off:off + MB])
+                f.flush()
+                assert os.fstat(f.fileno()).st_size == min(len(data), off + MB)
+                assert os.stat(mp / "ckpt" / "model.bin").st_size == min(len(data), off + MB)
+        for k in ("ckpt/small.json", "ckpt/empty", "top.txt"):
+            (mp / k).write_bytes(files[k])
+        # read-after-write on this node: immediate, before any upload finished
+        assert digests(read_tree(mp)) == digests(files)
+        assert oct(os.stat(mp / "top.txt").st_mode & 0o777) == "0o644"
+        sync(mp, env)
+        assert digests(in_bucket(s3, bucket)) == digests(files)
+        s = stats(mp)
+        assert s["upload_pending_files"] == 0 and s["uploaded_files"] >= 4
+        assert s["written_bytes"] == sum(len(v) for v in files.values())
+        # after the upload the read cache serves the new version
+        assert digest((mp / "ckpt/model.bin").read_bytes()) == digest(files["ckpt/model.bin"])
+    with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:   # a fresh mount sees it
+        assert digests(read_tree(mp)) == digests(files)
+
+
+def test_overwrite_append_random_offsets_truncate(seaweed, s3, bucket, tmp_path, env):
+    upload_tree(s3, bucket, {"a.bin": payload(3, 3 * MB), "b.log": b"line 1\n",
+                             "c.bin": payload(4, 9 * MB)})
+    model = {"a.bin": bytearray(payload(3, 3 * MB)), "b.log": bytearray(b"line 1\n"),
+             "c.bin": bytearray(payload(4, 9 * MB))}
+    rnd = random.Random(5)
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        new = payload(6, 2 * MB + 5)                          # O_TRUNC overwrite
+        (mp / "a.bin").write_bytes(new)
+        model["a.bin"] = bytearray(new)
+        with open(mp / "b.log", "ab") as f:                    # append to a remote file
+            f.write(b"line 2\n")
+        model["b.log"] += b"line 2\n"
+        fd = os.open(mp / "c.bin", os.O_RDWR)                  # random writes in place
+        try:
+            assert os.pread(fd, 100, 4 * MB) == bytes(model["c.bin"][4 * MB:4 * MB + 100])
+            for _ in range(40):
+                off = rnd.randrange(0, 10 * MB)
+                chunk = rnd.randbytes(rnd.randrange(1, 300_000))
+                os.pwrite(fd, chunk, off)
+                if off > len(model["c.bin"]):
+                    model["c.bin"] += b"\0" * (off - len(model["c.bin"]))
+                model["c.bin"][off:off + len(chunk)] = chunk
+                assert os.pread(fd, len(chunk), off) == chunk
+            os.ftruncate(fd, 5 * MB + 1)                       # shrink with the file open
+            del model["c.bin"][5 * MB + 1:]
+        finally:
+            os.close(fd)
+        os.truncate(mp / "b.log", 20)                          # extend by path
+        model["b.log"] += b"\0" * (20 - len(model["b.log"]))
+        os.truncate(mp / "a.bin", MB)                          # shrink by path
+        del model["a.bin"][MB:]
+        want = {k: bytes(v) for k, v in model.items()}
+        assert digests(read_tree(mp)) == digests(want)
+        sync(mp, env)
+        assert digests(in_bucket(s3, bucket)) == digests(want)
+
+
+def test_rename_files_and_a_directory_of_20(seaweed, s3, bucket, tmp_path, env):
+    uploaded = {f"run/step-100/shard-{i:02d}.bin": payload(100 + i, 50_000 + i)
+                for i in range(10)}
+    upload_tree(s3, bucket, {**uploaded, "keep.txt": b"old target"})
+    pending = {f"run/step-100/shard-{i:02d}.bin": payload(100 + i, 60_000 + i)
+               for i in range(10, 20)}
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        for k, v in pending.items():
+            (mp / k).write_bytes(v)
+        # a file replacing an existing target (safetensors/torch style temp + rename)
+        (mp / "keep.tmp").write_bytes(b"new content")
+        os.rename(mp / "keep.tmp", mp / "keep.txt")
+        assert (mp / "keep.txt").read_bytes() == b"new content"
+        # a directory of 10 uploaded + 10 pending files, renamed at once
+        os.rename(mp / "run" / "step-100", mp / "run" / "final")
+        moved = {k.replace("step-100", "final"): v for k, v in {**uploaded, **pending}.items()}
+        assert not (mp / "run" / "step-100").exists()
+        # readable at once under the new names (the remote may still be copying)
+        assert digests(read_tree(mp / "run")) == digests(
+            {k[len("run/"):]: v for k, v in moved.items()})
+        sync(mp, env)
+        want = {**moved, "keep.txt": b"new content"}
+        assert digests(in_bucket(s3, bucket)) == digests(want)
+        assert stats(mp)["uploaded_files"] == 11               # pending files uploaded once
+    with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:
+        assert digests(read_tree(mp)) == digests(want)
+
+
+def test_unlink_mkdir_rmdir_and_rotation_keeps_last_2_of_5(seaweed, s3, bucket, tmp_path, env):
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        os.mkdir(mp / "empty")
+        with pytest.raises(FileExistsError):
+            os.mkdir(mp / "empty")
+        assert sorted(os.listdir(mp)) == ["empty"]
+        os.rmdir(mp / "empty")
+        keep = []
+        for step in range(5):                     # a trainer saving and rotating
+            d = mp / "ckpts" / f"step-{step}"
+            d.mkdir(parents=True)
+            (d / "model.pt").write_bytes(payload(step, 200_000))
+            (d / "opt.pt").write_bytes(payload(50 + step, 100_000))
+            keep.append(d)
+            if len(keep) > 2:
+                shutil.rmtree(keep.pop(0))
+            if step == 2:
+                sync(mp, env)                     # some rotations delete uploaded files
+        assert sorted(os.listdir(mp / "ckpts")) == ["step-3", "step-4"]
+        with pytest.raises(OSError) as e:
+            os.rmdir(mp / "ckpts")
+        assert e.value.errno == errno.ENOTEMPTY
+        (mp / "gone.txt").write_bytes(b"x")
+        os.unlink(mp / "gone.txt")
+        assert not (mp / "gone.txt").exists()
+        sync(mp, env)
+        want = {f"ckpts/step-{s}/{n}": payload(s if n == "model.pt" else 50 + s,
+                                                 200_000 if n == "model.pt" else 100_000)
+                for s in (3, 4) for n in ("model.pt", "opt.pt")}
+        assert digests(in_bucket(s3, bucket)) == digests(want)
+
+
+# -- the libraries that write checkpoints ------------------------------------------------
+def test_torch_save_load_and_safetensors_temp_then_rename(seaweed, s3, bucket, tmp_path, env):
+    torch = pytest.importorskip("torch")
+    st = pytest.importorskip("safetensors.torch")
+    g = torch.Generator().manual_seed(0)
+    state = {f"layer{i}.weight": torch.randn(256, 256, generator=g) for i in range(8)}
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        torch.save(state, mp / "model.pt")
+        st.save_file(state, str(mp / "model.safetensors.tmp"))
+        os.replace(mp / "model.safetensors.tmp", mp / "model.safetensors")
+        for loaded in (torch.load(mp / "model.pt"), st.load_file(str(mp / "model.safetensors"))):
+            assert all(torch.equal(loaded[k], v) for k, v in state.items())
+        del loaded                    # safetensors maps the file: unmap before unmounting
+        gc.collect()
+        local = tmp_path / "local"
+        local.mkdir()
+        torch.save(state, local / "model.pt")
+        st.save_file(state, str(local / "model.safetensors"))
+        sync(mp, env)
+        got = in_bucket(s3, bucket)
+        assert sorted(got) == ["model.pt", "model.safetensors"]
+        assert digest(got["model.safetensors"]) == digest((local / "model.safetensors").read_bytes())
+        assert len(got["model.pt"]) == (local / "model.pt").stat().st_size
+    with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:
+        loaded = torch.load(mp / "model.pt")
+        assert all(torch.equal(loaded[k], v) for k, v in state.items())
+
+
+# -- faults -------------------------------------------------------------------------------
+def write_stream(path, seed: int, size: int, chunk: int = 8 * MB) -> str:
+    """Write ``size`` bytes of a seeded stream; its xxh3-128, without holding it all."""
+    h = xxhash.xxh3_128()
+    rnd = random.Random(seed)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            b = rnd.randbytes(min(chunk, left))
+            f.write(b)
+            h.update(b)
+            left -= len(b)
+    return h.hexdigest()
+
+
+def bucket_digest(s3, bucket, key) -> str:
+    h = xxhash.xxh3_128()
+    for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(8 * MB):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+# The big file of the kill -9 test: the issue asks for 1 GiB; the suite uses 256 MiB to
+# stay within its time budget on two shared cores (NEURALCACHE_KILL9_MB=1024 for the
+# full size).
+KILL9_MB = int(os.environ.get("NEURALCACHE_KILL9_MB", "256"))
+
+
+def test_kill9_right_after_close_loses_no_acknowledged_byte(seaweed, s3, bucket, tmp_path,
+                                                            env):
+    upload_tree(s3, bucket, {"old/a.bin": payload(7, 1000), "old/b.bin": payload(8, 2000)})
+    acked = {}
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        pid = stats(mp)["pid"]
+        os.rename(mp / "old" / "a.bin", mp / "renamed.bin")    # intents: rename, delete
+        os.unlink(mp / "old" / "b.bin")
+        acked["renamed.bin"] = digest(payload(7, 1000))
+        acked["big.bin"] = write_stream(mp / "big.bin", 9, KILL9_MB * MB)
+        for i in range(8):
+            data = payload(20 + i, 300_000 + i)
+            with open(mp / f"small-{i}.bin", "wb") as f:
+                f.write(data)
+            acked[f"small-{i}.bin"] = digest(data)   # close() returned: acknowledged
+        os.kill(pid, signal.SIGKILL)                 # at once, uploads in flight
+        pending_at_kill = set(acked) - set(in_bucket(s3, bucket))
+        r = run_cli("umount", mp, env=env)            # cleans up the dead mount
+        assert r.returncode == 0, r.stderr
+    assert pending_at_kill, "everything was uploaded before the kill: the test proves nothing"
+    # the next mount of the same source and cache dir finishes the journal before it
+    # reports ready: the bucket is complete when `mount` returns
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        got = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+        assert got == set(acked), (got, set(acked))
+        assert {k: bucket_digest(s3, bucket, k) for k in acked} == acked
+        assert stats(mp)["upload_pending_ops"] == 0
+        assert "finishing" in (tmp_path / "cache" / "neuralcache.log").read_text()
+
+
+def test_journal_disk_full_gives_enospc_and_keeps_earlier_files(seaweed, s3, bucket,
+                                                               tmp_path, env):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    cache = tmp_path / "tmpfs"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
+    try:
+        first = payload(10, 20 * MB)
+        with mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
+                     args=["--endpoint-url", seaweed.endpoint, "--writable",
+                           "--cache-size", "8M", "--block-size", "1M"]) as mp:
+            (mp / "first.bin").write_bytes(first)
+            with pytest.raises(OSError) as e:
+                with open(mp / "huge.bin", "wb") as f:
+                    for _ in range(80):
+                        f.write(payload(11, MB))
+            assert e.value.errno == errno.ENOSPC
+            assert digest((mp / "first.bin").read_bytes()) == digest(first)
+            os.unlink(mp / "huge.bin")                 # frees its journal space
+            (mp / "after.bin").write_bytes(b"room again")
+            sync(mp, env)
+            got = in_bucket(s3, bucket)
+            assert digest(got["first.bin"]) == digest(first)
+            assert got["after.bin"] == b"room again" and "huge.bin" not in got
+    finally:
+        subprocess.run(["umount", "-l", str(cache)])
+
+
+def test_two_files_written_by_8_threads_each(seaweed, s3, bucket, tmp_path, env):
+    size, threads = 16 * MB, 8
+    datas = {name: payload(30 + i, size) for i, name in enumerate(["x.bin", "y.bin"])}
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        fds = {name: os.open(mp / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for name in datas}
+        errors = []
+
+        def writer(name, t):
+            try:
+                piece = size // threads
+                for off in range(t * piece, (t + 1) * piece, 256 * 1024):
+                    os.pwrite(fds[name], datas[name][off:off + 256 * 1024], off)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        ts = [threading.Thread(target=writer, args=(n, t)) for n in datas for t in range(threads)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for fd in fds.values():
+            os.close(fd)
+        assert not errors, errors
+        assert digests(read_tree(mp)) == digests(datas)
+        sync(mp, env)
+        assert digests(in_bucket(s3, bucket)) == digests(datas)
+
+
+class RefusingProxy(AwsProxy):
+    """The AWS-like front of tests/awsproxy.py, answering 403 AccessDenied to every
+    write while ``refuse`` is set (a bucket policy that changed under the mount)."""
+    refuse = False
+
+    def forward(self, method, path, headers, body):
+        if self.refuse and method in ("PUT", "POST", "DELETE"):
+            return 403, [("Content-Type", "application/xml")], _error_xml(
+                "AccessDenied", "Access Denied")
+        return super().forward(method, path, headers, body)
+
+
+def test_remote_refusing_writes_fails_fsync_and_sync_until_discarded(seaweed, s3, bucket,
+                                                                     tmp_path, env):
+    with RefusingProxy(seaweed.endpoint, seaweed.access_key, seaweed.secret_key) as proxy, \
+            mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "c",
+                    args=["--endpoint-url", proxy.endpoint, "--writable"]) as mp:
+        (mp / "ok.bin").write_bytes(b"uploaded first")
+        sync(mp, env)
+        proxy.refuse = True                           # the remote now refuses every write
+        (mp / "lost.bin").write_bytes(b"cannot go anywhere")
+        (mp / "kept.bin").write_bytes(b"uploaded once the remote accepts writes")
+        fd = os.open(mp / "lost.bin", os.O_RDONLY)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(OSError) as e:
+                os.fsync(fd)
+            assert e.value.errno == errno.EIO and time.monotonic() - t0 < 20
+        finally:
+            os.close(fd)
+        r = run_cli("sync", mp, env=env)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert "access denied" in r.stderr.lower() and "Traceback" not in r.stderr
+        s = stats(mp)
+        assert s["upload_errors"] > 0 and s["upload_pending_files"] == 2
+        assert s["upload_oldest_pending_s"] > 0
+        assert (mp / "lost.bin").read_bytes() == b"cannot go anywhere"   # kept locally
+        r = run_cli("sync", mp, "--discard", str(mp / "lost.bin"), env=env)
+        assert r.returncode == 0, r.stderr
+        assert not (mp / "lost.bin").exists()         # the remote never had it
+        r = run_cli("sync", mp, "--discard", "lost.bin", env=env)
+        assert r.returncode == 1 and "no data waiting" in r.stderr
+        proxy.refuse = False
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"ok.bin": b"uploaded first",
+                                         "kept.bin": b"uploaded once the remote accepts writes"}
+
+
+def test_unmount_waits_for_pending_uploads(seaweed, s3, bucket, tmp_path, env):
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        want = write_stream(mp / "ckpt.bin", 12, 48 * MB)
+        r = run_cli("umount", mp, env=env)
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(mp)
+    assert bucket_digest(s3, bucket, "ckpt.bin") == want
+
+
+def test_read_only_without_writable_is_erofs(seaweed, s3, bucket, tmp_path):
+    upload_tree(s3, bucket, {"d/a.bin": b"data"})
+    with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:
+        for call in (lambda: open(mp / "new.bin", "wb"), lambda: open(mp / "d/a.bin", "r+b"),
+                     lambda: os.truncate(mp / "d/a.bin", 0), lambda: os.unlink(mp / "d/a.bin"),
+                     lambda: os.rename(mp / "d/a.bin", mp / "b.bin"), lambda: os.rmdir(mp / "d"),
+                     lambda: os.mkdir(mp / "x")):
+            with pytest.raises(OSError) as e:
+                call()
+            assert e.value.errno in (errno.EROFS, errno.EACCES), call
+        assert stats(mp)["writable"] is False
+        assert not (mp / ".neuralcache" / "sync").exists()
+        r = run_cli("sync", mp)
+        assert r.returncode == 1 and "--writable" in r.stderr
+    assert in_bucket(s3, bucket) == {"d/a.bin": b"data"}
+
+
+def test_posix_source_writes(tmp_path):
+    src = tmp_path / "src"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "old.bin").write_bytes(payload(40, 10_000))
+    files = {"ckpt/a.bin": payload(41, 12 * MB), "ckpt/b.txt": b"hello"}
+    with mounted(str(src), tmp_path / "mnt", cache_dir=tmp_path / "cache",
+                 args=["-o", "rw"]) as mp:
+        for k, v in files.items():
+            (mp / k).parent.mkdir(exist_ok=True)
+            (mp / k).write_bytes(v)
+        os.rename(mp / "ckpt", mp / "final")
+        os.rename(mp / "data" / "old.bin", mp / "final" / "old.bin")
+        sync(mp, None)
+        want = {"final/a.bin": files["ckpt/a.bin"], "final/b.txt": b"hello",
+                "final/old.bin": payload(40, 10_000)}
+        assert digests(read_tree(src)) == digests(want)
+        assert not [p for p in src.rglob("*") if p.name.startswith(".neuralcache-tmp")]
