@@ -404,6 +404,28 @@ def test_unmount_waits_for_pending_uploads(seaweed, s3, bucket, tmp_path, env):
     assert bucket_digest(s3, bucket, "ckpt.bin") == want
 
 
+def test_write_stats_and_metrics(seaweed, s3, bucket, tmp_path, env):
+    import socket
+    import urllib.request
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with s3_mount(seaweed, bucket, tmp_path, "--metrics-port", str(port)) as mp:
+        (mp / "a.bin").write_bytes(payload(50, 3 * MB))
+        sync(mp, env)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        r = run_cli("stats", mp, env=env)
+    metrics = dict(line.rsplit(" ", 1) for line in text.decode().splitlines()
+                   if line.startswith("neuralcache_") and " " in line)
+    assert float(metrics["neuralcache_uploaded_bytes_total"]) == 3 * MB
+    assert float(metrics["neuralcache_written_bytes_total"]) == 3 * MB
+    assert float(metrics["neuralcache_upload_pending_files"]) == 0
+    assert "neuralcache_upload_oldest_pending_seconds" in metrics
+    assert "neuralcache_upload_errors_total" in metrics
+    assert r.returncode == 0 and "pending upload" in r.stdout and "3.0M" in r.stdout
+
+
 def test_read_only_without_writable_is_erofs(seaweed, s3, bucket, tmp_path):
     upload_tree(s3, bucket, {"d/a.bin": b"data"})
     with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:

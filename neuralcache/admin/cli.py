@@ -371,6 +371,17 @@ def format_stats(s: dict) -> str:
                          f"{format_size(s['cache_mem_limit'])}"),
         ("uptime", f"{s['uptime_s']:.0f} s"),
     ]
+    if s.get("writable"):
+        rows[-1:-1] = [
+            ("written / uploaded", f"{format_size(s['written_bytes'])} / "
+                                   f"{format_size(s['uploaded_bytes'])} "
+                                   f"({s['uploaded_files']} files)"),
+            ("pending upload", f"{format_size(s['upload_pending_bytes'])} in "
+                               f"{s['upload_pending_files']} files "
+                               f"({s['upload_pending_ops']} remote operations, oldest "
+                               f"{s['upload_oldest_pending_s']:.0f} s)"),
+            ("upload errors", f"{s['upload_errors']} (retried until they pass)"),
+        ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
