@@ -12,7 +12,6 @@ import trio
 
 from neuralcache.backends.base import ObjectInfo
 from neuralcache.errors import JournalFull, NotFound, PermissionDenied, Unavailable
-from neuralcache.write import journal as jmod
 from neuralcache.write import opqueue, uploader as upmod
 from neuralcache.write.journal import Committer, Journal
 from neuralcache.write.opqueue import OpQueue
