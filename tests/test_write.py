@@ -204,6 +204,36 @@ def test_unlink_mkdir_rmdir_and_rotation_keeps_last_2_of_5(seaweed, s3, bucket, 
         assert digests(in_bucket(s3, bucket)) == digests(want)
 
 
+def test_changes_survive_relisting_while_uploads_are_pending(seaweed, s3, bucket, tmp_path,
+                                                            env):
+    """Re-listing every second (--metadata-ttl 1) while files are written, renamed and
+    deleted: the mount keeps showing its own changes, before and after the remote has
+    them."""
+    upload_tree(s3, bucket, {"a/old1.bin": b"one", "a/old2.bin": b"two", "b/x.bin": b"x"})
+    with s3_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "1") as mp:
+        (mp / "a" / "new.bin").write_bytes(payload(60, 2 * MB))
+        os.rename(mp / "a" / "old1.bin", mp / "b" / "moved.bin")
+        os.unlink(mp / "a" / "old2.bin")
+        os.mkdir(mp / "empty")
+        os.rename(mp / "b", mp / "c")
+        with open(mp / "open.bin", "wb") as f:         # still being written
+            f.write(b"partial")
+            f.flush()                                  # out of Python's buffer
+            want = {"a/new.bin": payload(60, 2 * MB), "c/moved.bin": b"one", "c/x.bin": b"x",
+                    "open.bin": b"partial"}
+            for _ in range(3):
+                time.sleep(1.3)                        # at least one re-listing
+                assert digests(read_tree(mp)) == digests(want)
+                assert sorted(os.listdir(mp)) == ["a", "c", "empty", "open.bin"]
+            f.write(b" and the rest")
+        want["open.bin"] = b"partial and the rest"
+        sync(mp, env)
+        time.sleep(1.5)
+        assert digests(read_tree(mp)) == digests(want)
+        assert sorted(os.listdir(mp)) == ["a", "c", "empty", "open.bin"]
+        assert digests(in_bucket(s3, bucket)) == digests(want)
+
+
 # -- the libraries that write checkpoints ------------------------------------------------
 def test_torch_save_load_and_safetensors_temp_then_rename(seaweed, s3, bucket, tmp_path, env):
     torch = pytest.importorskip("torch")
