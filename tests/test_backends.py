@@ -246,7 +246,35 @@ def test_s3_pinned_region_read_redirect_says_what_to_do(monkeypatch):
 
 
 # -- writes (a --writable mount's backend calls) ------------------------------------------
-def test_put_copy_delete(backend):
+@pytest.fixture(scope="module")
+def write_bucket(s3):
+    """One bucket for the write tests (a SeaweedFS bucket costs volumes), emptied and
+    deleted at the end; each test works under its own prefix."""
+    name = new_bucket(s3)
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=o["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(params=["s3", "posix"])
+def wbackend(request, tmp_path, monkeypatch):
+    if request.param == "s3":
+        sw = request.getfixturevalue("seaweed")
+        bucket = request.getfixturevalue("write_bucket")
+        for k, v in sw.env().items():
+            monkeypatch.setenv(k, v)
+        b = open_backend(f"s3://{bucket}/{request.node.name}", endpoint_url=sw.endpoint)
+    else:
+        b = open_backend(str(tmp_path))
+    b.put("top.txt", b"hello")
+    yield b
+    b.close()
+
+
+def test_put_copy_delete(wbackend):
+    backend = wbackend
     data = payload(40, 123_457)
     info = backend.put("new/dir/x.bin", data)
     assert info.size == len(data) and info.version
@@ -269,7 +297,8 @@ def test_put_copy_delete(backend):
     assert backend.read("top.txt", 0, 8, backend.stat("top.txt").version) == b"replaced"
 
 
-def test_multipart_upload_in_any_order(backend):
+def test_multipart_upload_in_any_order(wbackend):
+    backend = wbackend
     part = 5 << 20                                # S3's smallest part but the last
     data = payload(41, 2 * part + 777)
     upload = backend.create_multipart("big/m.bin")
@@ -290,8 +319,8 @@ def test_multipart_upload_in_any_order(backend):
     assert {o.key for o in backend.list_all() if o.key.startswith("big/")} == {"big/m.bin"}
 
 
-def test_s3_write_denied_is_permission_denied(seaweed, s3, monkeypatch):
-    bucket = new_bucket(s3)
+def test_s3_write_denied_is_permission_denied(seaweed, write_bucket, monkeypatch):
+    bucket = write_bucket
     for k, v in seaweed.env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")

@@ -25,9 +25,40 @@ pytestmark = [needs_fuse, pytest.mark.e2e]
 MB = 1 << 20
 
 
+@pytest.fixture(scope="module")
+def shared_bucket(s3):
+    """One bucket for the module, deleted at its end: every bucket is a SeaweedFS
+    collection with volumes of its own, and the session's server has 100."""
+    name = new_bucket(s3)
+    yield name
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=o["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
 @pytest.fixture
-def bucket(s3):
-    return new_bucket(s3)
+def bucket(shared_bucket, request):
+    """``BUCKET/PREFIX`` of this test: mounts are of s3://BUCKET/PREFIX."""
+    return f"{shared_bucket}/{request.node.name}"
+
+
+def split(where: str) -> tuple[str, str]:
+    name, _, prefix = where.partition("/")
+    return name, prefix + "/" if prefix else ""
+
+
+def put_tree(s3, where, files: dict[str, bytes]) -> None:
+    name, prefix = split(where)
+    upload_tree(s3, name, files, prefix=prefix)
+
+
+def keys_in(s3, where) -> set[str]:
+    name, prefix = split(where)
+    return {o["Key"][len(prefix):]
+            for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name,
+                                                                      Prefix=prefix)
+            for o in page.get("Contents", [])}
 
 
 @pytest.fixture
@@ -42,12 +73,10 @@ def s3_mount(seaweed, bucket, tmp_path, *args, cache="cache", writable=True):
                          *(["--writable"] if writable else []), *args])
 
 
-def in_bucket(s3, bucket) -> dict[str, bytes]:
-    out = {}
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        for o in page.get("Contents", []):
-            out[o["Key"]] = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
-    return out
+def in_bucket(s3, where) -> dict[str, bytes]:
+    name, prefix = split(where)
+    return {k: s3.get_object(Bucket=name, Key=prefix + k)["Body"].read()
+            for k in keys_in(s3, where)}
 
 
 def digests(files: dict[str, bytes]) -> dict[str, str]:
@@ -107,7 +136,7 @@ def test_create_write_close_read_back_through_mount_and_bucket(seaweed, s3, buck
 
 
 def test_overwrite_append_random_offsets_truncate(seaweed, s3, bucket, tmp_path, env):
-    upload_tree(s3, bucket, {"a.bin": payload(3, 3 * MB), "b.log": b"line 1\n",
+    put_tree(s3, bucket, {"a.bin": payload(3, 3 * MB), "b.log": b"line 1\n",
                              "c.bin": payload(4, 9 * MB)})
     model = {"a.bin": bytearray(payload(3, 3 * MB)), "b.log": bytearray(b"line 1\n"),
              "c.bin": bytearray(payload(4, 9 * MB))}
@@ -147,7 +176,7 @@ def test_overwrite_append_random_offsets_truncate(seaweed, s3, bucket, tmp_path,
 def test_rename_files_and_a_directory_of_20(seaweed, s3, bucket, tmp_path, env):
     uploaded = {f"run/step-100/shard-{i:02d}.bin": payload(100 + i, 50_000 + i)
                 for i in range(10)}
-    upload_tree(s3, bucket, {**uploaded, "keep.txt": b"old target"})
+    put_tree(s3, bucket, {**uploaded, "keep.txt": b"old target"})
     pending = {f"run/step-100/shard-{i:02d}.bin": payload(100 + i, 60_000 + i)
                for i in range(10, 20)}
     with s3_mount(seaweed, bucket, tmp_path) as mp:
@@ -209,7 +238,7 @@ def test_changes_survive_relisting_while_uploads_are_pending(seaweed, s3, bucket
     """Re-listing every second (--metadata-ttl 1) while files are written, renamed and
     deleted: the mount keeps showing its own changes, before and after the remote has
     them."""
-    upload_tree(s3, bucket, {"a/old1.bin": b"one", "a/old2.bin": b"two", "b/x.bin": b"x"})
+    put_tree(s3, bucket, {"a/old1.bin": b"one", "a/old2.bin": b"two", "b/x.bin": b"x"})
     with s3_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "1") as mp:
         (mp / "a" / "new.bin").write_bytes(payload(60, 2 * MB))
         os.rename(mp / "a" / "old1.bin", mp / "b" / "moved.bin")
@@ -262,6 +291,90 @@ def test_torch_save_load_and_safetensors_temp_then_rename(seaweed, s3, bucket, t
         assert all(torch.equal(loaded[k], v) for k, v in state.items())
 
 
+def test_hugging_face_save_pretrained_and_from_pretrained(seaweed, s3, bucket, tmp_path, env):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)             # built in code: no download
+    local = tmp_path / "local"
+    model.save_pretrained(local)
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        model.save_pretrained(mp / "hf")
+        back = transformers.LlamaForCausalLM.from_pretrained(mp / "hf")
+        want, got = model.state_dict(), back.state_dict()
+        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+        del back, got                         # safetensors maps the file: unmap first
+        gc.collect()
+        sync(mp, env)
+    in_b = in_bucket(s3, bucket)
+    assert sorted(in_b) == sorted(f"hf/{p.name}" for p in local.iterdir())
+    assert digest(in_b["hf/model.safetensors"]) == digest((local / "model.safetensors").read_bytes())
+
+
+DCP_WORKER = """
+import os, sys, torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+rank, path = int(os.environ["RANK"]), sys.argv[1]
+dist.init_process_group("gloo", rank=rank, world_size=2)
+g = torch.Generator().manual_seed(rank)
+state = {f"rank{rank}.weight": torch.randn(512, 512, generator=g),
+         "shared.step": torch.tensor([1000])}
+dcp.save(state, checkpoint_id=path)
+back = {k: torch.zeros_like(v) for k, v in state.items()}
+dcp.load(back, checkpoint_id=path)
+assert all(torch.equal(back[k], v) for k, v in state.items()), "loaded != saved"
+dist.destroy_process_group()
+print("ok", rank)
+"""
+
+
+def test_torch_distributed_checkpoint_two_gloo_ranks(seaweed, s3, bucket, tmp_path, env):
+    pytest.importorskip("torch.distributed.checkpoint")
+    import socket
+    import sys
+
+    script = tmp_path / "dcp_worker.py"
+    script.write_text(DCP_WORKER)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        procs = [subprocess.Popen([sys.executable, str(script), str(mp / "dcp" / "step-10")],
+                                  env=dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        outs = [p.communicate(timeout=180) for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        names = sorted(os.listdir(mp / "dcp" / "step-10"))
+        assert ".metadata" in names and not [n for n in names if n.endswith(".tmp")]
+        local = {n: (mp / "dcp" / "step-10" / n).read_bytes() for n in names}
+        sync(mp, env)
+    assert digests(in_bucket(s3, bucket)) == digests(
+        {f"dcp/step-10/{n}": v for n, v in local.items()})
+
+
+def test_fsspec_local_transaction(seaweed, s3, bucket, tmp_path, env):
+    """The pattern behind Lightning's atomic save: write to a temp file in a
+    transaction, move it into place on commit."""
+    fsspec = pytest.importorskip("fsspec")
+    fs = fsspec.filesystem("file")
+    data = payload(70, 3 * MB)
+    with s3_mount(seaweed, bucket, tmp_path) as mp:
+        fs.makedirs(str(mp / "lightning"), exist_ok=True)
+        with fs.transaction:
+            with fs.open(str(mp / "lightning" / "last.ckpt"), "wb") as f:
+                f.write(data)
+            assert not fs.exists(str(mp / "lightning" / "last.ckpt"))   # not yet committed
+        assert digest((mp / "lightning" / "last.ckpt").read_bytes()) == digest(data)
+        shutil.copy2(mp / "lightning" / "last.ckpt", mp / "lightning" / "copy.ckpt")  # chmod ok
+        sync(mp, env)
+    assert digests(in_bucket(s3, bucket)) == digests({"lightning/last.ckpt": data,
+                                                       "lightning/copy.ckpt": data})
+
+
 # -- faults -------------------------------------------------------------------------------
 def write_stream(path, seed: int, size: int, chunk: int = 8 * MB) -> str:
     """Write ``size`` bytes of a seeded stream; its xxh3-128, without holding it all."""
@@ -277,9 +390,10 @@ def write_stream(path, seed: int, size: int, chunk: int = 8 * MB) -> str:
     return h.hexdigest()
 
 
-def bucket_digest(s3, bucket, key) -> str:
+def bucket_digest(s3, where, key) -> str:
+    name, prefix = split(where)
     h = xxhash.xxh3_128()
-    for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(8 * MB):
+    for chunk in s3.get_object(Bucket=name, Key=prefix + key)["Body"].iter_chunks(8 * MB):
         h.update(chunk)
     return h.hexdigest()
 
@@ -292,7 +406,7 @@ KILL9_MB = int(os.environ.get("NEURALCACHE_KILL9_MB", "256"))
 
 def test_kill9_right_after_close_loses_no_acknowledged_byte(seaweed, s3, bucket, tmp_path,
                                                             env):
-    upload_tree(s3, bucket, {"old/a.bin": payload(7, 1000), "old/b.bin": payload(8, 2000)})
+    put_tree(s3, bucket, {"old/a.bin": payload(7, 1000), "old/b.bin": payload(8, 2000)})
     acked = {}
     with s3_mount(seaweed, bucket, tmp_path) as mp:
         pid = stats(mp)["pid"]
@@ -306,18 +420,41 @@ def test_kill9_right_after_close_loses_no_acknowledged_byte(seaweed, s3, bucket,
                 f.write(data)
             acked[f"small-{i}.bin"] = digest(data)   # close() returned: acknowledged
         os.kill(pid, signal.SIGKILL)                 # at once, uploads in flight
-        pending_at_kill = set(acked) - set(in_bucket(s3, bucket))
+        pending_at_kill = set(acked) - keys_in(s3, bucket)
         r = run_cli("umount", mp, env=env)            # cleans up the dead mount
         assert r.returncode == 0, r.stderr
     assert pending_at_kill, "everything was uploaded before the kill: the test proves nothing"
     # the next mount of the same source and cache dir finishes the journal before it
     # reports ready: the bucket is complete when `mount` returns
     with s3_mount(seaweed, bucket, tmp_path) as mp:
-        got = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])}
+        got = keys_in(s3, bucket)
         assert got == set(acked), (got, set(acked))
         assert {k: bucket_digest(s3, bucket, k) for k in acked} == acked
         assert stats(mp)["upload_pending_ops"] == 0
         assert "finishing" in (tmp_path / "cache" / "neuralcache.log").read_text()
+
+
+def test_resets_and_stalls_during_uploads_lose_nothing(seaweed, s3, bucket, tmp_path, env):
+    """5 % of requests reset and 2 % stalled for 20 s (a short outage) while a
+    checkpoint uploads: every file arrives whole."""
+    from bench.wan import WanProxy
+
+    files = {f"ckpt/shard-{i}.bin": payload(80 + i, 2 * MB + i) for i in range(8)}
+    files["ckpt/big.bin"] = payload(90, 40 * MB)
+    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=10, reset_rate=0.05,
+                  stall_rate=0.02, stall_s=20.0, seed=11) as proxy:
+        with mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "c",
+                     args=["--endpoint-url", proxy.endpoint, "--writable"]) as mp:
+            for k, v in files.items():
+                (mp / k).parent.mkdir(exist_ok=True)
+                (mp / k).write_bytes(v)
+            r = run_cli("sync", mp, env=env, timeout=300)
+            s = stats(mp)
+        pstats = proxy.stats()
+    assert r.returncode == 0, r.stderr
+    assert pstats.get("resets", 0) + pstats.get("stalls", 0) > 0, pstats   # faults happened
+    assert s["upload_errors"] + s["backend_retries"] > 0
+    assert digests(in_bucket(s3, bucket)) == digests(files)
 
 
 def test_journal_disk_full_gives_enospc_and_keeps_earlier_files(seaweed, s3, bucket,
@@ -457,7 +594,7 @@ def test_write_stats_and_metrics(seaweed, s3, bucket, tmp_path, env):
 
 
 def test_read_only_without_writable_is_erofs(seaweed, s3, bucket, tmp_path):
-    upload_tree(s3, bucket, {"d/a.bin": b"data"})
+    put_tree(s3, bucket, {"d/a.bin": b"data"})
     with s3_mount(seaweed, bucket, tmp_path, writable=False) as mp:
         for call in (lambda: open(mp / "new.bin", "wb"), lambda: open(mp / "d/a.bin", "r+b"),
                      lambda: os.truncate(mp / "d/a.bin", 0), lambda: os.unlink(mp / "d/a.bin"),
