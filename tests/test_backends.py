@@ -8,7 +8,7 @@ import boto3
 import pytest
 import urllib3
 
-from conftest import new_bucket, payload, upload_tree
+from conftest import delete_bucket, new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
 from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
@@ -252,10 +252,7 @@ def write_bucket(s3):
     deleted at the end; each test works under its own prefix."""
     name = new_bucket(s3)
     yield name
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for o in page.get("Contents", []):
-            s3.delete_object(Bucket=name, Key=o["Key"])
-    s3.delete_bucket(Bucket=name)
+    delete_bucket(s3, name)
 
 
 @pytest.fixture(params=["s3", "posix"])

@@ -3,7 +3,6 @@ SeaweedFS bucket (and a POSIX directory); every byte checked by xxh3 against wha
 was written, through the mount and in the bucket (boto3)."""
 import errno
 import gc
-import json
 import os
 import random
 import shutil
@@ -11,14 +10,15 @@ import signal
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import xxhash
 
 from awsproxy import AwsProxy, _error_xml
+from bench.seaweed import SeaweedServer
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
+from test_e2e import read_tree, stats
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
 
@@ -26,15 +26,22 @@ MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
+def seaweed(tmp_path_factory):
+    """This module's own server.  Every bucket is a SeaweedFS collection of 7 volumes
+    and bench/seaweed.py allows 100, so the session's server holds 14 buckets, and
+    the rest of the suite already uses them up."""
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed-write")) as sw:
+        yield sw
+
+
+@pytest.fixture(scope="module")
+def s3(seaweed):
+    return seaweed.client()
+
+
+@pytest.fixture(scope="module")
 def shared_bucket(s3):
-    """One bucket for the module, deleted at its end: every bucket is a SeaweedFS
-    collection with volumes of its own, and the session's server has 100."""
-    name = new_bucket(s3)
-    yield name
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
-        for o in page.get("Contents", []):
-            s3.delete_object(Bucket=name, Key=o["Key"])
-    s3.delete_bucket(Bucket=name)
+    return new_bucket(s3)
 
 
 @pytest.fixture
@@ -81,19 +88,6 @@ def in_bucket(s3, where) -> dict[str, bytes]:
 
 def digests(files: dict[str, bytes]) -> dict[str, str]:
     return {k: digest(v) for k, v in files.items()}
-
-
-def read_tree(root: Path) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, filenames in os.walk(root):
-        for f in filenames:
-            p = Path(dirpath) / f
-            out[str(p.relative_to(root))] = p.read_bytes()
-    return out
-
-
-def stats(mp) -> dict:
-    return json.loads((Path(mp) / ".neuralcache" / "stats.json").read_text())
 
 
 def sync(mp, env):

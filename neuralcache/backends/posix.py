@@ -115,14 +115,7 @@ class PosixBackend:
         except OSError as exc:
             raise _map_oserror(exc, key) from None
         try:
-            chunks = []
-            done = 0
-            while done < length:
-                b = os.pread(fd, length - done, offset + done)
-                if not b:
-                    break
-                chunks.append(b)
-                done += len(b)
+            data = pread_exact(fd, length, offset)
             st = os.fstat(fd)
         except OSError as exc:
             raise _map_oserror(exc, key) from None
@@ -130,7 +123,6 @@ class PosixBackend:
             os.close(fd)
         if version and _version(st) != version:
             raise VersionChanged(f"{key}: file changed on the source")
-        data = b"".join(chunks)
         if len(data) != length:
             raise VersionChanged(f"{key}: file shorter than expected")
         return data
@@ -158,7 +150,7 @@ class PosixBackend:
             os.fsync(fd)
             st = os.fstat(fd)
             os.replace(tmp, path)
-            _fsync_dir(os.path.dirname(path))
+            fsync_dir(os.path.dirname(path))
         except OSError as exc:
             _unlink_quietly(tmp)
             raise _map_oserror(exc, key) from None
@@ -272,11 +264,11 @@ class PosixBackend:
             raise _map_oserror(exc, key) from None
         d = os.path.dirname(path)
         try:
-            _fsync_dir(d)
+            fsync_dir(d)
             while d != self.root and d.startswith(self.root + os.sep):
                 os.rmdir(d)          # fails (and stops) at the first non-empty one
                 d = os.path.dirname(d)
-                _fsync_dir(d)
+                fsync_dir(d)
         except OSError:
             pass
 
@@ -284,7 +276,19 @@ class PosixBackend:
         pass
 
 
-def _fsync_dir(path: str) -> None:
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` (fewer only at end of file); OSError as raised."""
+    chunks, done = [], 0
+    while done < length:
+        b = os.pread(fd, length - done, offset + done)
+        if not b:
+            break
+        chunks.append(b)
+        done += len(b)
+    return b"".join(chunks)
+
+
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

@@ -43,6 +43,7 @@ from typing import Callable
 import trio
 import xxhash
 
+from ..backends.posix import fsync_dir
 from ..errors import JournalError, JournalFull
 
 log = logging.getLogger(__name__)
@@ -246,14 +247,6 @@ class Journal:
         """(total, available) bytes of the filesystem holding the journal."""
         st = os.statvfs(self.root)
         return st.f_blocks * st.f_frsize, st.f_bavail * st.f_frsize
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Pending:

@@ -26,6 +26,7 @@ from typing import Callable
 import trio
 
 from ..backends.base import ObjectInfo
+from ..backends.posix import pread_exact
 from ..errors import BackendError, NotFound, Unavailable
 from .journal import Committer, Journal
 from .opqueue import Op, OpQueue
@@ -69,14 +70,7 @@ def requests_for(part_seconds: float, part_size: int = PART_SIZE) -> int:
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
-    chunks, done = [], 0
-    while done < length:
-        b = os.pread(fd, length - done, offset + done)
-        if not b:
-            break
-        chunks.append(b)
-        done += len(b)
-    data = b"".join(chunks)
+    data = pread_exact(fd, length, offset)
     if len(data) != length:
         raise Unavailable(f"staging file shorter than expected ({len(data)} of {length})")
     return data
