@@ -306,8 +306,12 @@ def test_transient_errors_are_retried_until_they_pass(tmp_path, monkeypatch):
     be = MemBackend()
     be.fail["delete"] = [Unavailable("down")] * 3
     be.objects["x"] = b"1"
+    t0 = time.monotonic()
     err, up, done, pending = run_ops(tmp_path, be, lambda q, j: [q.new("delete", "x")])
     assert err is None and "x" not in be.objects and up.errors == 3 and pending == []
+    # the backoff is kept (0.05 + 0.1 + 0.2 s), and not overshot (trio's clock is not
+    # time.monotonic(): a deadline in the wrong clock waited ~30 s or spun)
+    assert 0.3 < time.monotonic() - t0 < 5
 
 
 def test_barrier_gives_up_on_an_outage_after_the_documented_time(tmp_path, monkeypatch):

@@ -129,7 +129,9 @@ class OpQueue:
         self._changed = trio.Event()
 
     async def changed(self, deadline: float = math.inf) -> None:
-        with trio.move_on_at(deadline):
+        """Until the next notify() or ``deadline`` (a time.monotonic() value: trio's own
+        clock has another origin, so the wait is made relative here)."""
+        with trio.move_on_after(max(0.0, deadline - time.monotonic())):
             await self._changed.wait()
 
     # -- queries -------------------------------------------------------------------
