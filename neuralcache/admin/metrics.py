@@ -52,6 +52,9 @@ COUNTERS = {
                                         "Bytes applications wrote into the journal"),
     "neuralcache_uploaded_bytes_total": ("uploaded_bytes", "Bytes uploaded to the remote"),
     "neuralcache_uploaded_files_total": ("uploaded_files", "Files uploaded to the remote"),
+    "neuralcache_upload_streamed_bytes_total": ("upload_streamed_bytes",
+                                                "Bytes sent while their file was still "
+                                                "being written"),
     "neuralcache_upload_errors_total": ("upload_errors",
                                         "Failed attempts of uploads, renames and deletes "
                                         "(each is retried)"),

@@ -100,6 +100,8 @@ class LocalFile:
     remote_base: bool = False       # the remote may hold an object at ``key``
     unlinked: bool = False
     uploaded: object = None         # ObjectInfo of the upload of the current staging
+    fresh: bool = False             # created empty and never copied: may stream
+    stream: object = None           # stream.Stream sending parts while it is written
     gate: Gate = field(default_factory=Gate)
 
     @property

@@ -28,10 +28,11 @@ from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
                     copy_prefix, fsync, pread, pwrite_all, truncate)
 from .journal import JOURNAL_DIR, Committer, Journal
+from .stream import START_PARTS
 from .barriers import Barriers
 from .names import NameOps
 from .opqueue import Op, OpQueue
-from .uploader import Uploader
+from .uploader import PART_SIZE, Uploader
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ DISK_THREADS = 8
 FILL_AHEAD = 4
 # Unmount logs its progress this often while it waits for uploads.
 DRAIN_LOG_S = 5.0
+# Send the parts of a new file while it is being written (stream.py).
+STREAM_UPLOADS = True
 
 
 class WriteLayer(NameOps, Barriers):
@@ -254,7 +257,7 @@ class WriteLayer(NameOps, Barriers):
         if node is None:
             node = self.ns.put_file(key, 0, LOCAL_VERSION + name, time.time())
         lf = LocalFile(node.inode, key, name, fd, size=keep, mtime=node.mtime,
-                       remote_base=remote, dirty=True)
+                       remote_base=remote, dirty=True, fresh=keep == 0)
         self.files[lf.inode] = lf
         self._current[name] = lf
         self._unsealed.add(name)
@@ -334,7 +337,26 @@ class WriteLayer(NameOps, Barriers):
                 lf.mtime = time.time()
                 self.written_bytes += len(buf)
                 self._sync_node(lf)
+                self._stream(lf, off)
                 return len(buf)
+
+    def _stream(self, lf: LocalFile, off: int) -> None:
+        """After a write at ``off``: start, feed or stop the file's streaming upload."""
+        streams = self.uploader.streams
+        if lf.stream is not None:
+            if off < lf.stream.sent_upto:
+                self._stop_stream(lf, "a write into a part already sent")
+            else:
+                streams.feed(lf.stream, lf.size)
+        elif STREAM_UPLOADS and lf.fresh and lf.size >= START_PARTS * PART_SIZE:
+            lf.stream = streams.start(lf.key, lf.staging, PART_SIZE)
+            if lf.stream is not None:
+                streams.feed(lf.stream, lf.size)
+
+    def _stop_stream(self, lf: LocalFile, why: str) -> None:
+        s, lf.stream = lf.stream, None
+        lf.fresh = False
+        self.uploader.streams.kill(s, why)
 
     async def setattr(self, node: Node, size: int | None, mtime: float | None,
                       h: object | None) -> Node:
@@ -359,17 +381,20 @@ class WriteLayer(NameOps, Barriers):
 
     async def _truncate(self, lf: LocalFile, size: int) -> None:
         async with lf.gate.held_exclusive():
+            self._stop_stream(lf, "truncated")
             if lf.sealed:
                 await self._unseal(lf, min(size, lf.size))
             if size != lf.size:
                 await trio.to_thread.run_sync(truncate, lf.fd, size, limiter=self._disk)
                 lf.size = size
             lf.dirty = True
+            lf.fresh = size == 0          # empty again: it may stream
             lf.mtime = time.time()
         self._sync_node(lf)
 
     async def _unseal(self, lf: LocalFile, keep: int) -> None:
         """Copy on write: a new staging file with the first ``keep`` bytes (gate held)."""
+        self._stop_stream(lf, "copy on write")
         name, fd = await trio.to_thread.run_sync(self.journal.create_staging,
                                                  limiter=self._disk)
         try:
@@ -442,6 +467,15 @@ class WriteLayer(NameOps, Barriers):
         await self._commit("closed", acts, [op], released)
 
     def _seal(self, lf: LocalFile) -> None:
+        s, lf.stream = lf.stream, None
+        lf.fresh = False
+        if s is not None:        # its upload goes to the put that uploads this version
+            puts = [op for op in self.queue.puts_of(lf.staging) if not op.running]
+            if puts and not s.dead and not lf.dirty and s.key == puts[-1].key:
+                s.handed_over = True
+                puts[-1].upload = s
+            else:
+                self.uploader.streams.kill(s, "not the version being uploaded")
         lf.sealed = True
         self._unsealed.discard(lf.staging)
         self.queue.notify()
@@ -506,6 +540,7 @@ class WriteLayer(NameOps, Barriers):
             node.checked = time.monotonic()
 
     def _forget_local(self, lf: LocalFile) -> None:
+        self._stop_stream(lf, "dropped")
         if self.files.get(lf.inode) is lf:
             del self.files[lf.inode]
         if self._current.get(lf.staging) is lf:

@@ -91,6 +91,7 @@ class NameOps:
             acts.append(op.act())
             new_ops.append(op)
         if lf is not None:
+            self._stop_stream(lf, "unlinked")
             lf.unlinked = True
             if lf.writers == 0:
                 self._forget_local(lf)
@@ -172,6 +173,7 @@ class NameOps:
             op = self.queue.new("move", k2, src=k)
             self.moved[k2] = self.moved.pop(k, k)
             return [op.act()], [], [op]
+        self._stop_stream(lf, "renamed")
         cancelled = self._cancel_tail_puts(k)
         acts = [{"a": "cancel", "id": c.id} for c in cancelled]
         released = [c.staging for c in cancelled]

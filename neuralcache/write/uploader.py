@@ -30,6 +30,7 @@ from ..backends.posix import pread_exact
 from ..errors import BackendError, NotFound, Unavailable
 from .journal import Committer, Journal
 from .opqueue import Op, OpQueue
+from .stream import Stream, Streams
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ class Uploader:
         self.requests = trio.CapacityLimiter(requests_for(DEFAULT_PART_SECONDS))
         self._part_seconds: collections.deque[float] = collections.deque(maxlen=PART_WINDOW)
         self._running = 0
-        self._nursery: trio.Nursery | None = None
+        self.nursery: trio.Nursery | None = None
+        self.streams = Streams(self, journal)   # uploads started while writing
         # counters (stats.json / metrics)
         self.uploaded_bytes = 0
         self.uploaded_files = 0
@@ -99,7 +101,7 @@ class Uploader:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
-            self._nursery = n
+            self.nursery = n
             task_status.started()
             while True:
                 for op in self.queue.runnable(self.sealed):
@@ -113,8 +115,11 @@ class Uploader:
     def abort_later(self, op: Op) -> None:
         """A cancelled upload's multipart upload (if any) is aborted in the background."""
         st, op.upload = op.upload, None
-        if st is not None and self._nursery is not None:
-            self._nursery.start_soon(trio.to_thread.run_sync, self.backend.abort_multipart,
+        if isinstance(st, Stream):
+            if self.nursery is not None:
+                self.nursery.start_soon(self.streams.abort, st)
+        elif st is not None and self.nursery is not None:
+            self.nursery.start_soon(trio.to_thread.run_sync, self.backend.abort_multipart,
                                      op.key, st["id"])
 
     # -- one operation ----------------------------------------------------------------
@@ -180,11 +185,14 @@ class Uploader:
             raise Unavailable(f"cannot read staging file of {op.key}: {exc}") from None
         try:
             if size <= PART_SIZE:
+                if isinstance(op.upload, Stream):     # truncated since: not needed
+                    self.abort_later(op)
+
                 def single() -> ObjectInfo:
                     t0 = time.monotonic()
                     info = self.backend.put(op.key, _pread_all(fd, size, 0))
                     if size > PART_SIZE // 2:
-                        self._observe(time.monotonic() - t0)
+                        self.observe(time.monotonic() - t0)
                     return info
 
                 info = await trio.to_thread.run_sync(single, limiter=self.requests)
@@ -199,6 +207,14 @@ class Uploader:
     async def _multipart(self, op: Op, fd: int, size: int) -> ObjectInfo:
         part = part_size_for(size)
         st = op.upload
+        if isinstance(st, Stream):       # started while the file was written
+            stream = st
+            await stream.ready.wait()
+            await stream.idle.wait()
+            st = op.upload = stream.state(size) if stream.upload_id else None
+            if st is not None and st["part"] != part:
+                await self.streams.abort(stream)
+                st = op.upload = None
         if not st or st["part"] != part or st["size"] != size:
             upload_id = await trio.to_thread.run_sync(self.backend.create_multipart, op.key,
                                                       limiter=self.requests)
@@ -225,7 +241,7 @@ class Uploader:
                 return
             st["tags"][number] = tag
             if length == part:
-                self._observe(seconds)
+                self.observe(seconds)
 
         async with trio.open_nursery() as nursery:
             for number in range(1, math.ceil(size / part) + 1):
@@ -262,7 +278,7 @@ class Uploader:
         await trio.to_thread.run_sync(self.backend.delete, op.src, limiter=self.requests)
         return info
 
-    def _observe(self, seconds: float) -> None:
+    def observe(self, seconds: float) -> None:
         self._part_seconds.append(seconds)
         med = sorted(self._part_seconds)[len(self._part_seconds) // 2]
         self.requests.total_tokens = requests_for(med)
@@ -271,5 +287,6 @@ class Uploader:
         return {"uploaded_bytes": self.uploaded_bytes,
                 "uploaded_files": self.uploaded_files,
                 "upload_errors": self.errors,
+                "upload_streamed_bytes": self.streams.streamed_bytes,
                 "upload_requests_limit": self.requests.total_tokens,
                 "upload_requests_in_flight": self.requests.borrowed_tokens}
