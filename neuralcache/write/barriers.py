@@ -1,18 +1,23 @@
 """Barriers and the control file of a writable mount (a mix-in of layer.WriteLayer):
-``neuralcache sync`` waits for everything written so far, ``sync --discard PATH``
-drops a pending upload, ``umount --force`` skips the wait at unmount.  The CLI talks
+``neuralcache sync`` waits for everything written so far, unmount waits for pending
+uploads (``drain``), ``sync --discard PATH`` drops a pending upload, ``umount
+--force`` skips the wait at unmount.  The CLI talks
 to them through ``MOUNT/.neuralcache/sync`` (fs/control.py): it writes a command and
 reads a one-line answer, "ok ..." or "error: ...".
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import trio
 
 from ..errors import BackendError, JournalError, NotFound, PathError, UserError
 
 log = logging.getLogger(__name__)
+
+# Unmount logs its progress this often while it waits for uploads.
+DRAIN_LOG_S = 5.0
 
 
 class Barriers:
@@ -23,6 +28,29 @@ class Barriers:
         ops = list(self.queue.ops.values())
         await self.queue.wait(ops)
         return len(ops)
+
+    async def drain(self) -> None:
+        """At unmount: wait for every pending operation, logging progress (unless
+        ``skip_drain``: they stay in the journal for the next mount)."""
+        for lf in list(self.files.values()):
+            try:
+                await self._commit_file(lf, seal=True)
+            except JournalError as exc:
+                log.error("%s: data written but not journaled: %s", lf.key, exc)
+        last = 0.0
+        while self.queue.ops and not self.skip_drain:
+            now = time.monotonic()
+            if now - last >= DRAIN_LOG_S:
+                s = self.queue.stats()
+                log.info("unmount: waiting for %d remote operations (%d files, %d bytes to "
+                         "upload; oldest %.0f s)", s["upload_pending_ops"],
+                         s["upload_pending_files"], s["upload_pending_bytes"],
+                         s["upload_oldest_pending_s"])
+                last = now
+            await self.queue.changed(now + DRAIN_LOG_S)
+        if self.queue.ops:
+            log.warning("unmount forced: %d operations stay in the journal and are finished "
+                        "by the next mount of this source and cache", len(self.queue.ops))
 
     async def discard(self, path: str) -> int:
         """Drop the pending upload of ``path`` (relative to the mount) from the journal;

@@ -44,8 +44,6 @@ DISK_THREADS = 8
 # existing file opened for writing without O_TRUNC): 4 x 8 MiB keeps the link busy
 # (the same depth as read-ahead's first windows).
 FILL_AHEAD = 4
-# Unmount logs its progress this often while it waits for uploads.
-DRAIN_LOG_S = 5.0
 # Send the parts of a new file while it is being written (stream.py).
 STREAM_UPLOADS = True
 
@@ -129,29 +127,6 @@ class WriteLayer(NameOps, Barriers):
             await n.start(self.uploader.run)
             task_status.started()
             await trio.sleep_forever()
-
-    async def drain(self) -> None:
-        """At unmount: wait for every pending operation, logging progress (unless
-        ``skip_drain``: they stay in the journal for the next mount)."""
-        for lf in list(self.files.values()):
-            try:
-                await self._commit_file(lf, seal=True)
-            except JournalError as exc:
-                log.error("%s: data written but not journaled: %s", lf.key, exc)
-        last = 0.0
-        while self.queue.ops and not self.skip_drain:
-            now = time.monotonic()
-            if now - last >= DRAIN_LOG_S:
-                s = self.queue.stats()
-                log.info("unmount: waiting for %d remote operations (%d files, %d bytes to "
-                         "upload; oldest %.0f s)", s["upload_pending_ops"],
-                         s["upload_pending_files"], s["upload_pending_bytes"],
-                         s["upload_oldest_pending_s"])
-                last = now
-            await self.queue.changed(now + DRAIN_LOG_S)
-        if self.queue.ops:
-            log.warning("unmount forced: %d operations stay in the journal and are finished "
-                        "by the next mount of this source and cache", len(self.queue.ops))
 
     # -- queries ------------------------------------------------------------------------
     def owns(self, h: object) -> bool:
