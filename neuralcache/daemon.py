@@ -34,6 +34,7 @@ from .namespace import Namespace
 from .ahead.prefetch import Prefetcher
 from .stats import Stats
 from .fs.trace import TraceRing
+from .write.journal import JOURNAL_DIR, LOG_NAME
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ async def _check_backend(backend, cfg: MountConfig) -> None:
 
 
 async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
-                          ttl: float) -> None:
+                          ttl: float, writes=None) -> None:
     if ttl <= 0:
         return
     while True:
@@ -130,6 +131,9 @@ async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
             log.warning("re-listing the source failed (%s); keeping the old listing", exc)
             continue
         changed = ns.apply_listing(objs)
+        if writes is not None:    # what this mount wrote that the listing may not show yet
+            writes.after_listing(t0)
+            changed = [n for n in changed if not writes.is_local(n)]
         if prefetcher is not None:
             prefetcher.refresh_catalog()
         for node in changed:
@@ -159,6 +163,37 @@ async def _serve(cfg: MountConfig, on_ready) -> None:
         backend.close()
 
 
+async def _open_journal(cfg, backend, ns: Namespace, sub: str):
+    """The write layer of a --writable mount, after finishing what the journal holds
+    from an earlier run (any mount of this source and cache does that, before it
+    serves); None for a read-only mount."""
+    if not cfg.writable and not os.path.exists(os.path.join(sub, JOURNAL_DIR, LOG_NAME)):
+        return None
+    from .write.layer import WriteLayer
+
+    writes = WriteLayer(ns, None, backend, sub, sync_close=cfg.sync_close)
+    sd_notify("STATUS=finishing uploads left in the write journal")
+    await writes.recover()
+    return writes if cfg.writable else None
+
+
+async def _drain(writes) -> None:
+    """After the unmount: wait for pending uploads (progress in the log); a signal
+    stops waiting (they stay in the journal for the next mount)."""
+    async def on_signal(cancel_scope):
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for signum in sigs:
+                log.warning("signal %d: not waiting for pending uploads", signum)
+                writes.skip_drain = True
+                writes.queue.notify()
+                return
+
+    async with trio.open_nursery() as n:
+        n.start_soon(on_signal, n.cancel_scope)
+        await writes.drain()
+        n.cancel_scope.cancel()
+
+
 async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     t0 = time.monotonic()
     stats = Stats()
@@ -167,11 +202,12 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         nblocks = await trio.to_thread.run_sync(disk.load)
     except OSError as exc:
         raise UserError(f"cannot use cache directory {sub}: {exc}") from None
+    ns = Namespace()
+    writes = await _open_journal(cfg, backend, ns, sub)
     try:
         objs = await trio.to_thread.run_sync(lambda: list(backend.list_all()))
     except BackendError as exc:
         raise describe_check_error(exc, cfg.source, cfg.endpoint_url) from None
-    ns = Namespace()
     ns.apply_listing(objs)
     log.info("listed %d objects (%d bytes) in %.1f s; disk cache has %d blocks",
              ns.files, ns.total_bytes, time.monotonic() - t0, nblocks)
@@ -181,6 +217,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     mem = MemoryTier(cfg.memory_cache_size)
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)
+    if writes is not None:
+        writes.store = store
     trace = TraceRing()
     predictor = make_default_predictor([])
     prefetcher = Prefetcher(ns, store, predictor,
@@ -198,6 +236,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,
                  "readahead": cfg.readahead, "prefetch": cfg.prefetch}
+        extra.update(writes.stats() if writes is not None else {"writable": False})
         cpu = cpuacct.snapshot()
         if cpu is not None:
             extra["cpu_s"] = cpu
@@ -233,35 +272,49 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     controls = control.Control(stats=stats_json, trace=trace.dump,
                                apply_hints=prefetcher.set_hints, hints_status=hints_status,
                                uid=os.getuid(), gid=os.getgid(),
-                               shared=cfg.allow_other)
+                               shared=cfg.allow_other,
+                               sync_open=writes.sync_handle if writes is not None else None)
     ops = Operations(ns, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
                      readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
-                     trace=trace, controls=controls, prefetcher=prefetcher)
+                     trace=trace, controls=controls, prefetcher=prefetcher, writes=writes)
     try:
         pyfuse3.init(ops, mp, _fuse_options(cfg))
     except RuntimeError as exc:
         raise UserError(f"cannot mount on {mp}: {exc} (is /dev/fuse available and "
                         "fusermount3 installed?)") from None
-    unmounted = False
+    unmounted = closed = False
     try:
-        async with trio.open_nursery() as n:
-            await n.start(store.run)
-            n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl)
-            n.start_soon(_on_signals)
-            if os.environ.get("NEURALCACHE_TRACEMALLOC") == "1":
-                n.start_soon(_memory_report_on_sigusr1)
-            if cfg.readahead:
-                n.start_soon(trio.to_thread.run_sync, _tune_kernel_readahead, mp)
-            log.info("serving %s on %s (ready in %.1f s)", cfg.source, mp,
-                     time.monotonic() - t0)
-            on_ready(None)
-            sd_notify("READY=1\nSTATUS=serving " + cfg.source)
-            await pyfuse3.main()
-            n.cancel_scope.cancel()
+        async with trio.open_nursery() as outer:
+            if writes is not None:          # the journal and uploads outlive the mount
+                await outer.start(writes.run)
+            async with trio.open_nursery() as n:
+                await n.start(store.run)
+                n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl,
+                             writes)
+                n.start_soon(_on_signals)
+                if os.environ.get("NEURALCACHE_TRACEMALLOC") == "1":
+                    n.start_soon(_memory_report_on_sigusr1)
+                if cfg.readahead:
+                    n.start_soon(trio.to_thread.run_sync, _tune_kernel_readahead, mp)
+                log.info("serving %s on %s (ready in %.1f s)%s", cfg.source, mp,
+                         time.monotonic() - t0, " writable" if writes else "")
+                on_ready(None)
+                sd_notify("READY=1\nSTATUS=serving " + cfg.source)
+                await pyfuse3.main()
+                n.cancel_scope.cancel()
+            if writes is not None:
+                sd_notify("STOPPING=1\nSTATUS=waiting for pending uploads")
+                pyfuse3.close(unmount=True)
+                closed = True
+                await _drain(writes)
+            outer.cancel_scope.cancel()
         unmounted = True
     finally:
         sd_notify("STOPPING=1")
-        pyfuse3.close(unmount=True)
+        if not closed:
+            pyfuse3.close(unmount=True)
+        if writes is not None:
+            writes.journal.close()
         if metrics is not None:
             metrics.close()
         log.info("unmounted %s (clean=%s)", mp, unmounted)

@@ -29,3 +29,39 @@ class Unavailable(BackendError):
 
 class VersionChanged(BackendError):
     """The object changed since its version was pinned (If-Match failed)."""
+
+
+class JournalError(NeuralCacheError):
+    """The write journal (staging files, intent log) could not be written."""
+
+
+class JournalFull(JournalError):
+    """No space left for the write journal: the writer gets ENOSPC."""
+
+
+class PathError(NeuralCacheError):
+    """A change to the namespace of a writable mount that POSIX forbids."""
+
+
+class AlreadyExists(PathError):
+    """The target name exists (mkdir, rename with RENAME_NOREPLACE)."""
+
+
+class IsADirectory(PathError):
+    """A file operation on a directory."""
+
+
+class NotADirectory(PathError):
+    """A directory operation on a file."""
+
+
+class DirectoryNotEmpty(PathError):
+    """rmdir of (or rename over) a directory that has entries."""
+
+
+class InvalidChange(PathError):
+    """A change that cannot be made (a directory into itself, RENAME_EXCHANGE)."""
+
+
+class NotSupported(PathError):
+    """Links, device nodes and extended attributes are not kept."""

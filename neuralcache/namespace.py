@@ -146,6 +146,95 @@ class Namespace:
         if node.lookups <= 0:
             self._by_inode.pop(node.inode, None)
 
+    # -- changes made through a writable mount (neuralcache/write/) -------------------
+    def make_dirs(self, path: str) -> Node:
+        """The directory node at ``path``, created with its parents if missing.
+        ValueError if a file is in the way."""
+        node = self.root
+        walked = []
+        for part in [p for p in path.split("/") if p]:
+            walked.append(part)
+            child = node.children.get(part)
+            if child is None:
+                key = "/".join(walked)
+                ino = self._inode_for(key, True)
+                prev = self._by_inode.get(ino)
+                child = Node(ino, part, node.inode, True, mtime=time.time(), children={},
+                             checked=time.monotonic(), lookups=prev.lookups if prev else 0)
+                child._key = key
+                node.children[part] = child
+                self._by_inode[ino] = child
+            elif not child.is_dir:
+                raise ValueError(f"{'/'.join(walked)} is a file")
+            node = child
+        return node
+
+    def put_file(self, key: str, size: int, version: str, mtime: float) -> Node:
+        """Create or update the file node at ``key`` (parents as needed); ValueError
+        if a directory is there."""
+        parent_path, _, name = key.rpartition("/")
+        parent = self.make_dirs(parent_path)
+        node = parent.children.get(name)
+        if node is not None and node.is_dir:
+            raise ValueError(f"{key} is a directory")
+        if node is None:
+            ino = self._inode_for(key, False)
+            prev = self._by_inode.get(ino)
+            node = Node(ino, name, parent.inode, False, lookups=prev.lookups if prev else 0)
+            node._key = key
+            parent.children[name] = node
+            self._by_inode[ino] = node
+            self.files += 1
+        else:
+            self.total_bytes -= node.size
+        node.size, node.version, node.mtime = size, version, mtime
+        node.checked = time.monotonic()
+        node.removed = False
+        self.total_bytes += size
+        return node
+
+    def remove(self, node: Node) -> None:
+        """Unlink ``node`` (and, for a directory, everything under it): its path is
+        free for a new inode; the node resolves by inode until forgotten."""
+        for n in self._subtree(node):
+            self._inode_of.pop(n.key + ("/" if n.is_dir else ""), None)
+            if not n.is_dir:
+                self.files -= 1
+                self.total_bytes -= n.size
+            if n is not node:
+                n.removed = True
+                if n.lookups <= 0:
+                    self._by_inode.pop(n.inode, None)
+        self.mark_removed(node)
+
+    def move(self, node: Node, new_parent: Node, new_name: str) -> None:
+        """Rename ``node`` (a file or a whole directory) to ``new_name`` in
+        ``new_parent``, keeping inode numbers; the caller removed any target first."""
+        old = self._by_inode.get(node.parent)
+        if old is not None and old.children and old.children.get(node.name) is node:
+            del old.children[node.name]
+        for n in self._subtree(node):
+            self._inode_of.pop(n.key + ("/" if n.is_dir else ""), None)
+        node.name, node.parent = new_name, new_parent.inode
+        new_parent.children[new_name] = node
+        base = f"{new_parent.key}/{new_name}" if new_parent.key else new_name
+
+        def rekey(n: Node, key: str) -> None:
+            n._key = key
+            self._inode_of[key + ("/" if n.is_dir else "")] = n.inode
+            for name, c in (n.children or {}).items():
+                rekey(c, f"{key}/{name}")
+
+        rekey(node, base)
+
+    def _subtree(self, node: Node) -> list[Node]:
+        out, todo = [], [node]
+        while todo:
+            n = todo.pop()
+            out.append(n)
+            todo.extend((n.children or {}).values())
+        return out
+
     # -- queries ------------------------------------------------------------------------
     def get(self, inode: int) -> Node | None:
         return self._by_inode.get(inode)

@@ -48,6 +48,15 @@ def new_bucket(s3) -> str:
     return name
 
 
+def delete_bucket(s3, name: str) -> None:
+    """Empty and delete a bucket: a SeaweedFS bucket holds 7 of the server's 100
+    volumes until it is deleted."""
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for o in page.get("Contents", []):
+            s3.delete_object(Bucket=name, Key=o["Key"])
+    s3.delete_bucket(Bucket=name)
+
+
 def payload(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 

@@ -8,7 +8,7 @@ import boto3
 import pytest
 import urllib3
 
-from conftest import new_bucket, payload, upload_tree
+from conftest import delete_bucket, new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
 from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
@@ -243,3 +243,97 @@ def test_s3_pinned_region_read_redirect_says_what_to_do(monkeypatch):
         b._direct_read("k", 0, 10, "")
     assert "eu-west-1" in str(e.value) and "--region" in str(e.value)
     assert b.region == "us-east-1"
+
+
+# -- writes (a --writable mount's backend calls) ------------------------------------------
+@pytest.fixture(scope="module")
+def write_bucket(s3):
+    """One bucket for the write tests (a SeaweedFS bucket costs volumes), emptied and
+    deleted at the end; each test works under its own prefix."""
+    name = new_bucket(s3)
+    yield name
+    delete_bucket(s3, name)
+
+
+@pytest.fixture(params=["s3", "posix"])
+def wbackend(request, tmp_path, monkeypatch):
+    if request.param == "s3":
+        sw = request.getfixturevalue("seaweed")
+        bucket = request.getfixturevalue("write_bucket")
+        for k, v in sw.env().items():
+            monkeypatch.setenv(k, v)
+        b = open_backend(f"s3://{bucket}/{request.node.name}", endpoint_url=sw.endpoint)
+    else:
+        b = open_backend(str(tmp_path))
+    b.put("top.txt", b"hello")
+    yield b
+    b.close()
+
+
+def test_put_copy_delete(wbackend):
+    backend = wbackend
+    data = payload(40, 123_457)
+    info = backend.put("new/dir/x.bin", data)
+    assert info.size == len(data) and info.version
+    got = backend.stat("new/dir/x.bin")
+    assert got.size == len(data) and got.version == info.version
+    assert backend.read("new/dir/x.bin", 0, len(data), got.version) == data
+    c = backend.copy("new/dir/x.bin", "other/y.bin")
+    assert backend.read("other/y.bin", 0, len(data), c.version) == data
+    assert backend.stat("other/y.bin").version == c.version
+    backend.delete("new/dir/x.bin")
+    backend.delete("new/dir/x.bin")             # deleting twice is fine
+    with pytest.raises(NotFound):
+        backend.stat("new/dir/x.bin")
+    with pytest.raises(NotFound):
+        backend.copy("new/dir/x.bin", "z.bin")
+    keys = {o.key for o in backend.list_all()}
+    assert "other/y.bin" in keys and not any(k.startswith("new/") for k in keys)
+    assert backend.put("empty2.bin", b"").size == 0
+    assert backend.put("top.txt", b"replaced").size == 8     # replaces an object
+    assert backend.read("top.txt", 0, 8, backend.stat("top.txt").version) == b"replaced"
+
+
+def test_multipart_upload_in_any_order(wbackend):
+    backend = wbackend
+    part = 5 << 20                                # S3's smallest part but the last
+    data = payload(41, 2 * part + 777)
+    upload = backend.create_multipart("big/m.bin")
+    tags = {}
+    for n in (3, 1, 2):
+        off = (n - 1) * part
+        tags[n] = backend.upload_part("big/m.bin", upload, n, off, data[off:off + part])
+    assert not any(o.key.startswith("big/") for o in backend.list_all())   # not yet visible
+    info = backend.complete_multipart("big/m.bin", upload, sorted(tags.items()), len(data))
+    assert info.size == len(data)
+    got = backend.stat("big/m.bin")
+    assert got.size == len(data) and got.version == info.version
+    assert backend.read("big/m.bin", 0, len(data), got.version) == data
+    # an aborted upload leaves nothing behind
+    upload = backend.create_multipart("big/aborted.bin")
+    backend.upload_part("big/aborted.bin", upload, 1, 0, data[:part])
+    backend.abort_multipart("big/aborted.bin", upload)
+    assert {o.key for o in backend.list_all() if o.key.startswith("big/")} == {"big/m.bin"}
+
+
+def test_s3_write_denied_is_permission_denied(seaweed, write_bucket, monkeypatch):
+    bucket = write_bucket
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    b = open_backend(f"s3://{bucket}", endpoint_url=seaweed.endpoint)
+    with pytest.raises(PermissionDenied):
+        b.put("x.bin", b"data")
+    b.close()
+
+
+def test_posix_delete_prunes_emptied_directories(tmp_path):
+    root = tmp_path / "src"
+    (root / "keep").mkdir(parents=True)
+    (root / "keep" / "k.bin").write_bytes(b"k")
+    b = open_backend(str(root))
+    b.put("a/b/c.bin", b"c")
+    assert (root / "a" / "b" / "c.bin").read_bytes() == b"c"
+    assert not [p for p in root.rglob("*") if p.name.startswith(".neuralcache-tmp-")]
+    b.delete("a/b/c.bin")
+    assert not (root / "a").exists() and (root / "keep" / "k.bin").exists()

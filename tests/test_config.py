@@ -28,10 +28,31 @@ def test_format_size():
 
 
 def test_o_options_parse_and_ignore_fstab_words():
-    got = parse_o_options("cache_size=10G,readahead=off,allow_other,_netdev,nofail,rw,"
+    got = parse_o_options("cache_size=10G,readahead=off,allow_other,_netdev,nofail,"
                           "memory-cache-size=256M,x-systemd.requires=network.target")
     assert got == {"cache_size": 10 << 30, "readahead": False, "allow_other": True,
                    "memory_cache_size": 256 << 20}
+
+
+def test_rw_turns_writes_on_and_ro_keeps_read_only(tmp_path):
+    assert parse_o_options("rw,nofail") == {"writable": True}
+    assert parse_o_options("ro") == {"writable": False}
+    assert parse_o_options("writable,sync_close") == {"writable": True, "sync_close": True}
+    args = cli.build_parser().parse_args(["mount", "/tmp", str(tmp_path)])
+    assert cli.build_config(args).writable is False          # read-only by default
+    args = cli.build_parser().parse_args(["mount", "/tmp", str(tmp_path), "--writable"])
+    assert cli.build_config(args).writable is True
+
+
+def test_mount_helper_ignores_the_rw_mount8_always_passes(monkeypatch):
+    seen = []
+    monkeypatch.setattr(cli, "main", lambda argv: seen.append(argv) or 0)
+    cli.mount_helper(["s3://b", "/mnt", "-o", "rw,cache_size=1G"])
+    cli.mount_helper(["s3://b", "/mnt", "-o", "rw"])
+    cli.mount_helper(["s3://b", "/mnt", "-o", "rw,writable"])
+    assert seen == [["mount", "s3://b", "/mnt", "-o", "cache_size=1G"],
+                    ["mount", "s3://b", "/mnt"],
+                    ["mount", "s3://b", "/mnt", "-o", "writable"]]
 
 
 @pytest.mark.parametrize("text,word", [("bogus=1", "bogus"), ("cache_size", "needs a value"),

@@ -1,4 +1,4 @@
-"""The `neuralcache` command: mount, umount, stats, trace.
+"""The `neuralcache` command: mount, umount, stats, trace, warm, sync.
 
 One function per subcommand; ``main(argv=None)``.  UserError prints one line (no
 traceback) and exits 1.
@@ -26,9 +26,12 @@ READY_FD_ENV = "NEURALCACHE_READY_FD"
 # Listing 1M objects at 1000 per page and 16 prefixes in parallel takes ~1 min at
 # 60 ms; 600 s leaves room for much larger buckets.
 MOUNT_WAIT_S = 600.0
-# How long `umount` waits for the daemon to exit after the unmount (flushes nothing:
-# cache writes are atomic, so this only bounds the wait for a tidy exit).
+# How long `umount` waits for the daemon to exit after the unmount (cache writes are
+# atomic, and a writable mount's uploads were waited for before unmounting, so this
+# only bounds the wait for a tidy exit).
 UMOUNT_WAIT_S = 30.0
+# `sync` and `umount` print a progress line this often while they wait (on a terminal).
+PROGRESS_S = 2.0
 
 log = logging.getLogger("neuralcache")
 
@@ -45,7 +48,7 @@ def _add_mount_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + name.replace("_", "-")
         if name in ("readahead", "prefetch"):
             p.add_argument(flag, metavar="on|off", help=help_text)
-        elif name in ("allow_other", "debug"):
+        elif name in ("allow_other", "debug", "writable", "sync_close"):
             p.add_argument(flag, action="store_true", default=None, help=help_text)
         else:
             p.add_argument(flag, metavar=name.upper().split("_")[-1], help=help_text)
@@ -211,6 +214,16 @@ def cmd_umount(args: argparse.Namespace) -> int:
         raise UserError(f"{mp} is not a NeuralCache mount (it is {entry.fstype} "
                         f"{entry.source}); use umount(8)")
     pid = _daemon_pid(mp)
+    if _is_writable(mp):
+        if args.force:
+            _control(mp, "force")
+        else:
+            try:
+                _sync_with_progress(mp, "sync")
+            except UserError as exc:
+                raise UserError(f"not unmounting {mp}: {exc}; the data stays in the journal: "
+                                "fix the remote and try again, or `neuralcache umount --force` "
+                                "(the next mount of this source and cache uploads it)") from None
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u"] + (["-z"] if args.lazy else []) + [mp] if tool else \
         ["umount"] + (["-l"] if args.lazy else []) + [mp]
@@ -242,6 +255,82 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# -- sync (a --writable mount) -----------------------------------------------------------
+def _is_writable(mp: str) -> bool:
+    try:
+        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+            return bool(json.load(f).get("writable"))
+    except (OSError, ValueError):
+        return False
+
+
+def _control(mp: str, command: str) -> str:
+    """Send ``command`` through MOUNT/.neuralcache/sync; the daemon's answer (the read
+    waits until the command is done)."""
+    path = os.path.join(mp, control.DIRNAME, "sync")
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        raise UserError(f"{mp} is read-only (mount it with --writable)") from None
+    except OSError as exc:
+        raise UserError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        os.write(fd, command.encode())
+        answer = os.pread(fd, 65536, 0).decode(errors="replace").strip()
+    except OSError as exc:
+        raise UserError(f"{command.split()[0]} on {mp} failed: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if answer.startswith("ok"):
+        return answer[2:].strip()
+    raise UserError(answer.removeprefix("error:").strip() or "no answer from the daemon")
+
+
+def _sync_with_progress(mp: str, command: str) -> str:
+    """``_control`` while a line of progress is printed every PROGRESS_S on a terminal."""
+    import threading
+
+    done = threading.Event()
+
+    def progress() -> None:
+        while not done.wait(PROGRESS_S):
+            try:
+                s = read_stats(mp)
+            except UserError:
+                return
+            print(f"neuralcache: waiting for {s.get('upload_pending_ops', 0)} remote "
+                  f"operations ({format_size(s.get('upload_pending_bytes', 0))} to upload, "
+                  f"{s.get('upload_errors', 0)} errors so far)", file=sys.stderr, flush=True)
+
+    t = threading.Thread(target=progress, daemon=True)
+    if sys.stderr.isatty():
+        t.start()
+    try:
+        return _control(mp, command)
+    finally:
+        done.set()
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    mp = os.path.abspath(args.mountpoint)
+    read_stats(mp)   # a live NeuralCache mount?
+    if args.discard:
+        path = args.discard
+        if os.path.isabs(path):
+            rel = os.path.relpath(os.path.abspath(path), mp)
+            if rel == "." or rel.startswith(".."):
+                raise UserError(f"{path} is not inside {mp}")
+            path = rel
+        answer = _control(mp, "discard " + path)
+        print(f"neuralcache: {answer} of {path}; it now shows what the remote has")
+        return 0
+    t0 = time.monotonic()
+    answer = _sync_with_progress(mp, "sync")
+    print(f"neuralcache: everything written to {mp} is on the remote ({answer}, "
+          f"{time.monotonic() - t0:.1f} s)")
+    return 0
 
 
 # -- stats / trace -----------------------------------------------------------------------
@@ -282,6 +371,17 @@ def format_stats(s: dict) -> str:
                          f"{format_size(s['cache_mem_limit'])}"),
         ("uptime", f"{s['uptime_s']:.0f} s"),
     ]
+    if s.get("writable"):
+        rows[-1:-1] = [
+            ("written / uploaded", f"{format_size(s['written_bytes'])} / "
+                                   f"{format_size(s['uploaded_bytes'])} "
+                                   f"({s['uploaded_files']} files)"),
+            ("pending upload", f"{format_size(s['upload_pending_bytes'])} in "
+                               f"{s['upload_pending_files']} files "
+                               f"({s['upload_pending_ops']} remote operations, oldest "
+                               f"{s['upload_oldest_pending_s']:.0f} s)"),
+            ("upload errors", f"{s['upload_errors']} (retried until they pass)"),
+        ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -355,7 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     m = sub.add_parser("mount", help="mount a bucket or directory (returns once serving)",
-                       description="Mount SOURCE read-only on MOUNTPOINT through the cache.")
+                       description="Mount SOURCE on MOUNTPOINT through the cache "
+                                   "(read-only unless --writable).")
     _add_mount_args(m)
     m.set_defaults(func=cmd_mount)
     u = sub.add_parser("umount", help="unmount a NeuralCache mount",
@@ -366,7 +467,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="detach now even if files are open (umount -l)")
     u.add_argument("--if-mounted", action="store_true",
                    help="succeed quietly when nothing is mounted (for service scripts)")
+    u.add_argument("--force", action="store_true",
+                   help="a writable mount: unmount without waiting for pending uploads "
+                        "(they stay in the journal; the next mount of this source and "
+                        "cache uploads them before it serves)")
     u.set_defaults(func=cmd_umount)
+    y = sub.add_parser("sync", help="wait until everything written to a writable mount "
+                                    "is on the remote",
+                       description="A barrier: returns once every file written (and "
+                                   "renamed, deleted) so far is on the remote; exit 1 "
+                                   "with one line if an upload keeps failing.")
+    y.add_argument("mountpoint")
+    y.add_argument("--discard", metavar="PATH",
+                   help="instead, drop PATH's pending upload from the journal (the data "
+                        "is lost; the name shows what the remote has)")
+    y.set_defaults(func=cmd_sync)
     s = sub.add_parser("stats", help="print live counters of a mount")
     s.add_argument("mountpoint")
     s.add_argument("--json", action="store_true", help="machine-readable (keys in README)")
@@ -443,6 +558,10 @@ def mount_helper(argv: list[str] | None = None) -> int:
         return 1
     if fake:
         return 0
+    # mount(8) passes "rw" to every helper unless told "ro", so here it cannot mean
+    # "make it writable": an fstab line asks for writes with `writable`.
+    opts = [",".join(o for o in text.split(",") if o.strip() != "rw") for text in opts]
+    opts = [text for text in opts if text]
     # fuse's generic helper may pass the type prefix: "neuralcache#s3://bucket"
     source = pos[0].split("#", 1)[1] if pos[0].startswith("neuralcache#") else pos[0]
     args = ["mount", source, pos[1]]

@@ -49,6 +49,12 @@ class MountConfig:
     # (metrics reveal dataset names and sizes).
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    # Writes (issue 12): off, so that a training-data mount cannot be damaged by
+    # accident; a checkpoint mount asks for them.
+    writable: bool = False
+    # close() returns once the data is in the local journal (fsynced); --sync-close
+    # makes it wait for the remote too, at the cost of the upload time per close.
+    sync_close: bool = False
 
 
 # name -> (parser, help).  Flags are --name-with-dashes; -o uses name_with_underscores
@@ -122,22 +128,32 @@ OPTIONS: dict[str, tuple] = {
     "debug": (_bool, "debug logging"),
     "metrics_port": (_port, "serve Prometheus metrics on this port (default: off)"),
     "metrics_addr": (str, "address for the metrics endpoint (default 127.0.0.1)"),
+    "writable": (_bool, "allow writes (checkpoints): files go to a journal under "
+                        "--cache-dir, close() returns once they are fsynced there, and "
+                        "they are uploaded in the background (default: read-only; "
+                        "-o rw is the same)"),
+    "sync_close": (_bool, "with --writable, close() also waits until the file is on "
+                          "the remote (default off)"),
 }
 
 
 def parse_o_options(text: str) -> dict[str, object]:
     """``-o cache_size=10G,readahead=off,allow_other`` -> parsed values.
 
-    mount(8) options that are not ours (rw, ro, _netdev, nofail, noauto, user, ...)
-    are accepted and ignored so fstab lines work."""
+    ``rw`` turns writes on (``writable``), ``ro`` keeps the mount read-only; other
+    mount(8) options that are not ours (_netdev, nofail, noauto, user, ...) are
+    accepted and ignored so fstab lines work."""
     out: dict[str, object] = {}
-    ignored = {"rw", "ro", "_netdev", "nofail", "noauto", "auto", "user", "users",
+    ignored = {"_netdev", "nofail", "noauto", "auto", "user", "users",
                "nouser", "defaults", "noexec", "exec", "nosuid", "suid", "nodev", "dev",
                "noatime", "relatime", "x-systemd.automount"}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
         if key in ignored or key.startswith("x-") or key.startswith("comment="):
+            continue
+        if key in ("rw", "ro") and not eq:
+            out["writable"] = key == "rw"
             continue
         key = key.replace("-", "_")
         if key not in OPTIONS:

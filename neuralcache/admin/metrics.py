@@ -47,6 +47,17 @@ COUNTERS = {
                                          "Disk blocks that failed their checksum"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
+    # a --writable mount (0 on a read-only one); keys of write/layer.py stats()
+    "neuralcache_written_bytes_total": ("written_bytes",
+                                        "Bytes applications wrote into the journal"),
+    "neuralcache_uploaded_bytes_total": ("uploaded_bytes", "Bytes uploaded to the remote"),
+    "neuralcache_uploaded_files_total": ("uploaded_files", "Files uploaded to the remote"),
+    "neuralcache_upload_streamed_bytes_total": ("upload_streamed_bytes",
+                                                "Bytes sent while their file was still "
+                                                "being written"),
+    "neuralcache_upload_errors_total": ("upload_errors",
+                                        "Failed attempts of uploads, renames and deletes "
+                                        "(each is retried)"),
 }
 GAUGES = {
     "neuralcache_cache_bytes": "Bytes held by a cache tier",
@@ -55,6 +66,16 @@ GAUGES = {
     "neuralcache_open_handles": "Open file handles",
     "neuralcache_dataset_files": "Files in the mounted namespace",
     "neuralcache_disk_cache_writable": "1 while disk cache writes succeed",
+}
+# Write-path gauges: metric name -> (stats key, help); 0 on a read-only mount.
+WRITE_GAUGES = {
+    "neuralcache_upload_pending_bytes": ("upload_pending_bytes",
+                                         "Bytes closed in the journal, not yet on the remote"),
+    "neuralcache_upload_pending_files": ("upload_pending_files",
+                                         "Files waiting for their upload"),
+    "neuralcache_upload_oldest_pending_seconds": ("upload_oldest_pending_s",
+                                                  "Age of the oldest pending remote "
+                                                  "operation"),
 }
 TIERED = {"neuralcache_cache_hits_total": "Block lookups by readers that hit a tier",
           "neuralcache_cache_misses_total": "Block lookups by readers that missed a tier"}
@@ -65,7 +86,7 @@ HISTOGRAMS = ("neuralcache_read_duration_seconds", "neuralcache_backend_request_
 
 def exported_names() -> set[str]:
     """Every series name a scrape can contain (histograms with their suffixes)."""
-    names = set(COUNTERS) | set(GAUGES) | set(TIERED) | {FUSE_REQUESTS}
+    names = set(COUNTERS) | set(GAUGES) | set(WRITE_GAUGES) | set(TIERED) | {FUSE_REQUESTS}
     for h in HISTOGRAMS:
         names |= {h + "_bucket", h + "_sum", h + "_count"}
     return names
@@ -117,6 +138,8 @@ class _Collector:
         yield GaugeMetricFamily("neuralcache_disk_cache_writable",
                                 GAUGES["neuralcache_disk_cache_writable"],
                                 value=1 if s.get("disk_cache_writable", True) else 0)
+        for name, (key, help_text) in WRITE_GAUGES.items():
+            yield GaugeMetricFamily(name, help_text, value=s.get(key, 0))
 
 
 class Metrics:

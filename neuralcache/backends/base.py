@@ -2,6 +2,9 @@
 
 Every method raises only the domain errors of ``neuralcache.errors`` (NotFound,
 PermissionDenied, Unavailable, VersionChanged); retries happen inside.
+
+The write calls (used only by a ``--writable`` mount, from neuralcache/write/) are
+each safe to repeat after a crash or a lost answer: the journal replays them.
 """
 from __future__ import annotations
 
@@ -66,6 +69,31 @@ class Backend(Protocol):
     def read(self, key: str, offset: int, length: int, version: str) -> bytes:
         """Exactly ``length`` bytes at ``offset`` (fewer only at end of object) of
         ``version``; VersionChanged if the object is no longer that version."""
+
+    # -- writes ----------------------------------------------------------------------
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        """Create or replace ``key`` with ``data`` in one request (small files)."""
+
+    def create_multipart(self, key: str) -> str:
+        """Start a multipart upload of ``key``; returns its upload id."""
+
+    def upload_part(self, key: str, upload_id: str, number: int, offset: int,
+                    data: bytes) -> str:
+        """Part ``number`` (1-based, at byte ``offset``); returns the part's tag.  Parts
+        may be sent in any order and in parallel; all but the last are the same size."""
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[tuple[int, str]],
+                           size: int) -> ObjectInfo:
+        """Publish the upload (readers see the old object or the whole new one)."""
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Drop an upload (best effort, never raises)."""
+
+    def copy(self, src: str, dst: str) -> ObjectInfo:
+        """Server-side copy, replacing ``dst``; NotFound if ``src`` is missing."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
 
     def close(self) -> None:
         """Release connections."""

@@ -4,12 +4,20 @@ The version of a file is "size:mtime_ns"; a read checks the version after readin
 (fstat on the same descriptor), so a file replaced mid-read raises VersionChanged
 instead of returning a mix of two versions.  Symlinks are followed only when their
 target stays inside the root.
+
+Writes (a ``--writable`` mount) treat the directory like an object store: a file is
+written to a temporary file in its target directory (``TMP_PREFIX``, never listed),
+fsynced, renamed over the target and the directory fsynced, so a reader sees the old
+file or the new one, never a part.  Parent directories are created as needed and
+removed again when a delete empties them (directories exist only as parents of files,
+as on S3).
 """
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import uuid
 from typing import Iterator
 
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
@@ -19,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # Directories scanned in parallel at mount time (NFS answers one round trip per readdir).
 LIST_WORKERS = 16
+# Name prefix of files being written (a put or upload in progress): skipped by listing.
+TMP_PREFIX = ".neuralcache-tmp-"
 
 
 def _version(st: os.stat_result) -> str:
@@ -67,6 +77,8 @@ class PosixBackend:
         with it:
             for de in it:
                 key = f"{rel}/{de.name}" if rel else de.name
+                if de.name.startswith(TMP_PREFIX):
+                    continue      # a write in progress (or left by a crash)
                 if not valid_key(key):
                     log.warning("skipping name that cannot be a path: %r", key)
                     continue
@@ -103,14 +115,7 @@ class PosixBackend:
         except OSError as exc:
             raise _map_oserror(exc, key) from None
         try:
-            chunks = []
-            done = 0
-            while done < length:
-                b = os.pread(fd, length - done, offset + done)
-                if not b:
-                    break
-                chunks.append(b)
-                done += len(b)
+            data = pread_exact(fd, length, offset)
             st = os.fstat(fd)
         except OSError as exc:
             raise _map_oserror(exc, key) from None
@@ -118,10 +123,181 @@ class PosixBackend:
             os.close(fd)
         if version and _version(st) != version:
             raise VersionChanged(f"{key}: file changed on the source")
-        data = b"".join(chunks)
         if len(data) != length:
             raise VersionChanged(f"{key}: file shorter than expected")
         return data
 
+    # -- writes ----------------------------------------------------------------------
+    def _target(self, key: str) -> str:
+        path = self._path(key)
+        if not self._inside(os.path.dirname(path)):
+            raise PermissionDenied(f"{key}: outside the source directory")
+        return path
+
+    def _tmp_in_dir_of(self, key: str) -> str:
+        """A new temporary file's path next to ``key``, creating parent directories."""
+        path = self._target(key)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        return os.path.join(os.path.dirname(path), TMP_PREFIX + uuid.uuid4().hex)
+
+    def _publish(self, tmp: str, key: str, fd: int) -> ObjectInfo:
+        """fsync ``fd`` (the temp file), rename it over ``key``, fsync the directory."""
+        path = self._target(key)
+        try:
+            os.fsync(fd)
+            st = os.fstat(fd)
+            os.replace(tmp, path)
+            fsync_dir(os.path.dirname(path))
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise _map_oserror(exc, key) from None
+        return ObjectInfo(key, st.st_size, _version(st), st.st_mtime)
+
+    def put(self, key: str, data: bytes) -> ObjectInfo:
+        tmp = self._tmp_in_dir_of(key)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise _map_oserror(exc, key) from None
+        try:
+            return self._publish(tmp, key, fd)
+        finally:
+            os.close(fd)
+
+    def create_multipart(self, key: str) -> str:
+        """The upload id is the temporary file's path relative to the root."""
+        tmp = self._tmp_in_dir_of(key)
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        return os.path.relpath(tmp, self.root)
+
+    def _upload_path(self, key: str, upload_id: str) -> str:
+        path = os.path.join(self.root, upload_id)
+        if (not os.path.basename(path).startswith(TMP_PREFIX)
+                or os.path.dirname(path) != os.path.dirname(self._target(key))):
+            raise NotFound(f"{key}: no such upload {upload_id!r}")
+        return path
+
+    def upload_part(self, key: str, upload_id: str, number: int, offset: int,
+                    data: bytes) -> str:
+        path = self._upload_path(key, upload_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)   # no O_CREAT: aborted = gone
+        except OSError as exc:
+            raise _map_oserror(exc, f"{key} (upload)") from None
+        try:
+            view, off = memoryview(data), offset
+            while view:
+                n = os.pwrite(fd, view, off)
+                view, off = view[n:], off + n
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        finally:
+            os.close(fd)
+        return f"{number}:{len(data)}"
+
+    def complete_multipart(self, key: str, upload_id: str, parts: list[tuple[int, str]],
+                           size: int) -> ObjectInfo:
+        path = self._upload_path(key, upload_id)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise _map_oserror(exc, f"{key} (upload)") from None
+        try:
+            os.ftruncate(fd, size)
+            return self._publish(path, key, fd)
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        finally:
+            os.close(fd)
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            _unlink_quietly(self._upload_path(key, upload_id))
+        except NotFound:
+            pass
+
+    def copy(self, src: str, dst: str) -> ObjectInfo:
+        """A hard link (or a copy where links fail) published like a put: files are
+        never modified in place, so sharing the inode is safe."""
+        spath = self._path(src)
+        if not os.path.isfile(spath) or not self._inside(spath):
+            raise NotFound(f"copy {src}: not found")
+        tmp = self._tmp_in_dir_of(dst)
+        try:
+            try:
+                os.link(spath, tmp)
+            except OSError:
+                import shutil
+
+                shutil.copyfile(spath, tmp)
+            fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            _unlink_quietly(tmp)
+            raise _map_oserror(exc, f"copy {src}") from None
+        try:
+            return self._publish(tmp, dst, fd)
+        finally:
+            os.close(fd)
+
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (a missing one is fine), then the parent directories it
+        leaves empty, up to the root."""
+        path = self._target(key)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _map_oserror(exc, key) from None
+        d = os.path.dirname(path)
+        try:
+            fsync_dir(d)
+            while d != self.root and d.startswith(self.root + os.sep):
+                os.rmdir(d)          # fails (and stops) at the first non-empty one
+                d = os.path.dirname(d)
+                fsync_dir(d)
+        except OSError:
+            pass
+
     def close(self) -> None:
+        pass
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """``length`` bytes at ``offset`` (fewer only at end of file); OSError as raised."""
+    chunks, done = [], 0
+    while done < length:
+        b = os.pread(fd, length - done, offset + done)
+        if not b:
+            break
+        chunks.append(b)
+        done += len(b)
+    return b"".join(chunks)
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
         pass

@@ -36,6 +36,7 @@ from botocore.httpsession import get_cert_path
 from . import retry
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
+from .s3write import S3Writes
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ LIST_WORKERS = 16
 # status, names what happened.  5xx statuses not listed are transient too.
 _ERROR_KINDS: dict[str, str] = {
     "NoSuchBucket": "no-bucket",
-    **dict.fromkeys(("NoSuchKey", "NotFound", "404"), "not-found"),
+    **dict.fromkeys(("NoSuchKey", "NotFound", "NoSuchUpload", "404"), "not-found"),
     **dict.fromkeys(("PreconditionFailed", "412", "InvalidRange", "416"), "changed"),
     **dict.fromkeys(("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
                      "InvalidToken", "ExpiredToken", "AllAccessDisabled", "AccountProblem",
@@ -89,7 +90,7 @@ def aws_object_base_url(bucket: str, region: str) -> str:
     return f"https://{host}/{quote(bucket, safe='')}"
 
 
-class S3Backend:
+class S3Backend(S3Writes):
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, concurrency: int = 32,
                  profile: str | None = None):

@@ -5,6 +5,12 @@
                        the mount root; applied when the writer closes the file; a
                        malformed hint fails close() with EINVAL and changes nothing
     trace       read   the access trace ring as JSON Lines (DEVELOPING.md)
+    sync        write a command, then read the answer (a --writable mount only):
+                       "sync" waits until everything written so far is on the
+                       remote; "discard PATH" drops PATH's pending upload; "force"
+                       lets the next unmount leave pending uploads to the next mount.
+                       The answer is one line, "ok ..." or "error: ..." (what
+                       `neuralcache sync` and `neuralcache umount` use)
 
 The directory is hidden from readdir of the root (so dataset walkers such as
 ImageFolder never see it) but resolves by name.  Contents are produced when a file is
@@ -14,7 +20,8 @@ The mode bits tell the truth (the mount uses the kernel's default_permissions, s
 bits are what is enforced): without --allow-other only the mounting user can reach the
 mount at all, so everything is owner-only; with it (``shared``), every user may read
 stats.json and write hints (a training job rarely runs as the user that mounted), and
-the trace, which shows every user's reads, stays the owner's.
+the trace, which shows every user's reads, stays the owner's.  ``sync`` stays the
+owner's too: --discard drops data.
 """
 from __future__ import annotations
 
@@ -33,11 +40,13 @@ DIR_INODE = 2
 STATS_INODE = 3
 HINTS_INODE = 4
 TRACE_INODE = 5
+SYNC_INODE = 6
 _FILES = {"stats.json": STATS_INODE, "hints": HINTS_INODE, "trace": TRACE_INODE}
 # Mode bits (see the module docstring): owner-only, and with --allow-other.
-_MODES = {DIR_INODE: 0o500, STATS_INODE: 0o400, HINTS_INODE: 0o600, TRACE_INODE: 0o400}
+_MODES = {DIR_INODE: 0o500, STATS_INODE: 0o400, HINTS_INODE: 0o600, TRACE_INODE: 0o400,
+          SYNC_INODE: 0o600}
 _SHARED_MODES = {DIR_INODE: 0o555, STATS_INODE: 0o444, HINTS_INODE: 0o622,
-                 TRACE_INODE: 0o400}
+                 TRACE_INODE: 0o400, SYNC_INODE: 0o600}
 # Extended attributes of regular files (operations.getxattr; read by `neuralcache warm`).
 XATTR_CACHED = "user.neuralcache.cached"      # bytes of the file held by the caches
 XATTR_VERSION = "user.neuralcache.version"    # ETag or size:mtime the next open pins
@@ -46,7 +55,7 @@ MAX_HINT_BYTES = 64 << 20
 
 
 def is_control_inode(inode: int) -> bool:
-    return DIR_INODE <= inode <= TRACE_INODE
+    return DIR_INODE <= inode <= SYNC_INODE
 
 
 class ContentHandle:
@@ -94,7 +103,8 @@ class HintsHandle:
 class Control:
     def __init__(self, *, stats: Callable[[], bytes], trace: Callable[[], bytes],
                  apply_hints: Callable[[list[str]], int], hints_status: Callable[[], bytes],
-                 uid: int, gid: int, shared: bool = False):
+                 uid: int, gid: int, shared: bool = False,
+                 sync_open: Callable[[], object] | None = None):
         self._stats = stats
         self._trace = trace
         self._apply_hints = apply_hints
@@ -102,6 +112,9 @@ class Control:
         self.uid, self.gid = uid, gid
         self._modes = _SHARED_MODES if shared else _MODES
         self._t = time.time_ns()
+        # A writable mount's sync file: a handle the write layer serves.
+        self._sync_open = sync_open
+        self._files = dict(_FILES, **({"sync": SYNC_INODE} if sync_open else {}))
 
     def getattr(self, inode: int) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
@@ -121,8 +134,8 @@ class Control:
         return a
 
     def lookup(self, parent: int, name: str) -> pyfuse3.EntryAttributes:
-        if parent == DIR_INODE and name in _FILES:
-            return self.getattr(_FILES[name])
+        if parent == DIR_INODE and name in self._files:
+            return self.getattr(self._files[name])
         if parent == DIR_INODE and name in (".", ".."):
             return self.getattr(DIR_INODE)
         if name == DIRNAME:
@@ -135,11 +148,15 @@ class Control:
     def entries(self, inode: int) -> list:
         if inode != DIR_INODE:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return [(name, self.getattr(ino)) for name, ino in sorted(_FILES.items())]
+        return [(name, self.getattr(ino)) for name, ino in sorted(self._files.items())]
 
     def open(self, inode: int, flags: int, ctx) -> object:
         if inode == DIR_INODE:
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if inode == SYNC_INODE:
+            if self._sync_open is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._sync_open()
         writing = flags & os.O_ACCMODE != os.O_RDONLY
         if inode != HINTS_INODE and writing:
             raise pyfuse3.FUSEError(errno.EACCES)

@@ -2,7 +2,9 @@
 
 The one errno table of NeuralCache lives here (``ERRNO``); every handler is wrapped by
 ``_edge`` so that nothing but FUSEError escapes it (pyfuse3 would take the whole mount
-down).  The mount is read-only except for the hints file in the control directory.
+down).  The mount is read-only except for the hints file in the control directory,
+unless it is ``--writable``: then the write handlers delegate to neuralcache/write/
+(``self.writes``), and read() / open() hand files with journal data to it.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import trio
 from .. import cpuacct
 from . import control
 from ..store.blocks import BlockStore, Pinned
-from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
+from ..errors import (AlreadyExists, DirectoryNotEmpty, InvalidChange, IsADirectory,
+                      JournalError, JournalFull, NotADirectory, NotFound, NotSupported,
+                      PermissionDenied, Unavailable, UserError, VersionChanged)
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
@@ -35,6 +39,15 @@ ERRNO: dict[type, int] = {
     Unavailable: errno.EIO,
     VersionChanged: errno.ESTALE,   # the object changed under an open handle
     UserError: errno.EINVAL,        # e.g. a malformed hint
+    # a --writable mount (neuralcache/write/)
+    JournalFull: errno.ENOSPC,      # no space left for the write journal
+    JournalError: errno.EIO,        # the journal's disk failed
+    AlreadyExists: errno.EEXIST,
+    IsADirectory: errno.EISDIR,
+    NotADirectory: errno.ENOTDIR,
+    DirectoryNotEmpty: errno.ENOTEMPTY,
+    InvalidChange: errno.EINVAL,
+    NotSupported: errno.EOPNOTSUPP,  # links, device nodes, xattrs
 }
 
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
@@ -85,6 +98,7 @@ class FileHandle:
 @dataclass(slots=True)
 class DirHandle:
     entries: list[tuple[str, Node]] = field(default_factory=list)
+    node: Node | None = None     # the directory (fsyncdir of a writable mount)
 
 
 class Operations(pyfuse3.Operations):
@@ -95,7 +109,7 @@ class Operations(pyfuse3.Operations):
     def __init__(self, ns: Namespace, store: BlockStore, backend, stats: Stats, *,
                  metadata_ttl: float, readahead_bytes: int, trace: TraceRing,
                  controls: "control.Control", prefetcher=None,
-                 uid: int | None = None, gid: int | None = None):
+                 uid: int | None = None, gid: int | None = None, writes=None):
         super().__init__()
         self.ns = ns
         self.store = store
@@ -111,6 +125,13 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, object] = {}
         self._next_fh = 1
         self._kernel_version: dict[int, str] = {}   # inode -> version last opened
+        # A --writable mount: neuralcache.write.layer.WriteLayer, else None (EROFS).
+        self.writes = writes
+        self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
+        if writes is not None:
+            writes.repin = self._repin
+            writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
+                parent, os.fsencode(name), ignore_enoent=True)
 
     # -- attributes ------------------------------------------------------------------
     def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
@@ -120,11 +141,11 @@ class Operations(pyfuse3.Operations):
         a.entry_timeout = self.ttl
         a.attr_timeout = self.ttl
         if node.is_dir:
-            a.st_mode = stat.S_IFDIR | 0o555
+            a.st_mode = stat.S_IFDIR | self.dir_mode
             a.st_nlink = 2
             a.st_size = 0
         else:
-            a.st_mode = stat.S_IFREG | 0o444
+            a.st_mode = stat.S_IFREG | self.file_mode
             a.st_nlink = 1
             a.st_size = node.size
         ns_time = int(node.mtime * 1e9)
@@ -180,9 +201,17 @@ class Operations(pyfuse3.Operations):
 
     @_edge
     async def setattr(self, inode, attr, fields, fh, ctx):
-        if inode == control.HINTS_INODE:     # O_TRUNC on the hints file
+        if control.is_control_inode(inode):  # O_TRUNC on the hints or sync file
             return self.controls.getattr(inode)
-        raise pyfuse3.FUSEError(errno.EROFS)
+        if self.writes is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        node = self.ns.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        size = attr.st_size if fields.update_size else None
+        mtime = attr.st_mtime_ns / 1e9 if fields.update_mtime else None
+        h = self._handles.get(fh) if fh is not None else None
+        return self._attrs(await self.writes.setattr(node, size, mtime, h))
 
     @_edge
     async def statfs(self, ctx):
@@ -191,6 +220,10 @@ class Operations(pyfuse3.Operations):
         s.f_frsize = ST_BLKSIZE
         s.f_blocks = (self.ns.total_bytes + ST_BLKSIZE - 1) // ST_BLKSIZE
         s.f_bfree = s.f_bavail = 0
+        if self.writes is not None:     # what the journal's disk can still take
+            total, free = await trio.to_thread.run_sync(self.writes.free_bytes)
+            s.f_blocks += total // ST_BLKSIZE
+            s.f_bfree = s.f_bavail = free // ST_BLKSIZE
         s.f_files = self.ns.files + 1
         s.f_ffree = s.f_favail = 0
         s.f_namemax = 255
@@ -207,7 +240,7 @@ class Operations(pyfuse3.Operations):
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         entries = sorted((node.children or {}).items())
-        return self._new_fh(DirHandle(entries))
+        return self._new_fh(DirHandle(entries, node))
 
     @_edge
     async def readdir(self, fh, start_id, token):
@@ -237,16 +270,24 @@ class Operations(pyfuse3.Operations):
         if control.is_control_inode(inode):
             h = self.controls.open(inode, flags, ctx)
             return pyfuse3.FileInfo(fh=self._new_fh(h), direct_io=True)
-        if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
+        if (flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC) and self.writes is None:
             raise pyfuse3.FUSEError(errno.EROFS)
         node = self.ns.get(inode)
         if node is None or node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOENT if node is None else errno.EISDIR)
         if node.removed:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if self.writes is not None:
+            wh = await self.writes.open(node, flags, ctx.pid)
+            if wh is not None:          # writing, or data in the journal
+                self._kernel_version.pop(inode, None)
+                return pyfuse3.FileInfo(fh=self._new_fh(wh))
+            if self.writes.is_local(node):
+                node.checked = time.monotonic()   # renamed here: the remote lags
         if time.monotonic() - node.checked > self.ttl:
             await self._revalidate(node)
-        pinned = Pinned(node.key, node.version, node.size)
+        key = self.writes.remote_key(node) if self.writes is not None else node.key
+        pinned = Pinned(key, node.version, node.size)
         keep = self._kernel_version.get(inode) == node.version
         self._kernel_version[inode] = node.version
         ra = ReadAhead(self.store.block_size, self.readahead_bytes) \
@@ -273,6 +314,8 @@ class Operations(pyfuse3.Operations):
     @_edge
     async def read(self, fh, off, size):
         h = self._handles.get(fh)
+        if self.writes is not None and self.writes.owns(h):
+            return await self.writes.read(h, off, size)
         if not isinstance(h, FileHandle):
             if h is not None and hasattr(h, "read"):
                 return h.read(off, size)
@@ -305,6 +348,8 @@ class Operations(pyfuse3.Operations):
     @_edge
     async def write(self, fh, off, buf):
         h = self._handles.get(fh)
+        if self.writes is not None and self.writes.owns(h):
+            return await self.writes.write(h, off, buf)
         if h is not None and hasattr(h, "write"):
             return h.write(off, buf)
         raise pyfuse3.FUSEError(errno.EROFS)
@@ -312,12 +357,83 @@ class Operations(pyfuse3.Operations):
     @_edge
     async def flush(self, fh):
         h = self._handles.get(fh)
-        if h is not None and hasattr(h, "flush"):
+        if self.writes is not None and self.writes.owns(h):
+            await self.writes.flush(h)   # close() returns once the journal has it
+        elif h is not None and hasattr(h, "flush"):
             h.flush()      # a malformed hint raises UserError -> EINVAL on close()
 
     @_edge
     async def release(self, fh):
-        self._handles.pop(fh, None)
+        h = self._handles.pop(fh, None)
+        if self.writes is not None and self.writes.owns(h):
+            await self.writes.release(h)
+
+    # -- a --writable mount: the handlers delegate to neuralcache/write/ ----------------
+    def _writable(self):
+        if self.writes is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.writes
+
+    @_edge
+    async def create(self, parent_inode, name, mode, flags, ctx):
+        w = self._writable()
+        if control.is_control_inode(parent_inode):
+            raise pyfuse3.FUSEError(errno.EACCES)
+        h, node = await w.create(parent_inode, os.fsdecode(name), flags, ctx.pid)
+        self.ns.remember(node)
+        self.stats.opens += 1
+        return pyfuse3.FileInfo(fh=self._new_fh(h)), self._attrs(node)
+
+    @_edge
+    async def mkdir(self, parent_inode, name, mode, ctx):
+        w = self._writable()
+        if control.is_control_inode(parent_inode):
+            raise pyfuse3.FUSEError(errno.EACCES)
+        node = await w.mkdir(parent_inode, os.fsdecode(name))
+        self.ns.remember(node)
+        return self._attrs(node)
+
+    @_edge
+    async def unlink(self, parent_inode, name, ctx):
+        await self._writable().unlink(parent_inode, os.fsdecode(name))
+
+    @_edge
+    async def rmdir(self, parent_inode, name, ctx):
+        await self._writable().rmdir(parent_inode, os.fsdecode(name))
+
+    @_edge
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags,
+                     ctx):
+        if control.is_control_inode(parent_inode_old) or \
+                control.is_control_inode(parent_inode_new):
+            raise pyfuse3.FUSEError(errno.EACCES)
+        await self._writable().rename(parent_inode_old, os.fsdecode(name_old),
+                                      parent_inode_new, os.fsdecode(name_new), flags)
+
+    @_edge
+    async def fsync(self, fh, datasync):
+        """Returns once the remote has the file (EIO if it cannot get it)."""
+        h = self._handles.get(fh)
+        if self.writes is None:
+            return
+        if self.writes.owns(h):
+            await self.writes.fsync(h)
+        elif isinstance(h, FileHandle):
+            await self.writes.fsync_key(h.node.key)
+
+    @_edge
+    async def fsyncdir(self, fh, datasync):
+        h = self._handles.get(fh)
+        if self.writes is not None and isinstance(h, DirHandle) and h.node is not None:
+            await self.writes.fsyncdir(h.node)
+
+    def _repin(self, old_key: str, info) -> None:
+        """A renamed file's data was copied on the remote (the old key is deleted
+        next): open handles read the copy."""
+        for h in self._handles.values():
+            p = getattr(h, "pinned", None)
+            if p is not None and p.key == old_key:
+                h.pinned = Pinned(info.key, info.version, p.size)
 
     # -- everything else is read-only ---------------------------------------------------
     @_edge
@@ -343,9 +459,10 @@ class Operations(pyfuse3.Operations):
         return []
 
     async def _erofs(self, *args, **kwargs):
-        raise pyfuse3.FUSEError(errno.EROFS)
+        """Read-only: EROFS; writable: links, device nodes and xattrs are not kept."""
+        raise pyfuse3.FUSEError(errno.EROFS if self.writes is None else errno.EOPNOTSUPP)
 
-    create = mkdir = mknod = symlink = link = unlink = rmdir = rename = _erofs
+    mknod = symlink = link = _erofs
     setxattr = removexattr = _erofs
 
     def open_handles(self) -> int:

@@ -1,0 +1,198 @@
+"""The state of a file with data in the journal, and the handles the FUSE edge holds.
+
+A ``LocalFile`` exists from the moment a file is created, truncated or first written
+until the remote has its last version and no writer holds it.  Its data is one
+staging file (journal.py).  A staging file is *sealed* once a journal record names it
+and no writer may change it any more: only then may it be uploaded.  A write to a
+sealed staging file first copies it to a new one (copy on write), so an upload never
+reads bytes that change under it.
+
+``Gate`` orders access to one LocalFile: writes and reads share it; sealing, copy on
+write, truncation and materialising from the remote take it alone.  Taking a free
+gate never yields to the trio scheduler, so a caller that registers a LocalFile and
+takes its gate in the same step is first.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from ..errors import JournalError
+from .journal import journal_error
+
+# Prefix of the version of a file whose data is in the journal: no remote version
+# looks like this, so the read cache never keys blocks by it.
+LOCAL_VERSION = "local:"
+
+
+class Gate:
+    """Shared/exclusive lock for one LocalFile; exclusive waiters go first."""
+
+    def __init__(self) -> None:
+        self.shared = 0
+        self.exclusive = False
+        self._waiting_exclusive = 0
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def acquire_shared(self) -> None:
+        while self.exclusive or self._waiting_exclusive:
+            await self._lot.park()
+        self.shared += 1
+
+    def release_shared(self) -> None:
+        self.shared -= 1
+        self._lot.unpark_all()
+
+    async def acquire_exclusive(self) -> None:
+        self._waiting_exclusive += 1
+        try:
+            while self.exclusive or self.shared:
+                await self._lot.park()
+        finally:
+            self._waiting_exclusive -= 1
+        self.exclusive = True
+
+    def release_exclusive(self) -> None:
+        self.exclusive = False
+        self._lot.unpark_all()
+
+    def held_shared(self) -> "_Held":
+        return _Held(self, False)
+
+    def held_exclusive(self) -> "_Held":
+        return _Held(self, True)
+
+
+class _Held:
+    __slots__ = ("gate", "excl")
+
+    def __init__(self, gate: Gate, excl: bool):
+        self.gate, self.excl = gate, excl
+
+    async def __aenter__(self) -> None:
+        if self.excl:
+            await self.gate.acquire_exclusive()
+        else:
+            await self.gate.acquire_shared()
+
+    async def __aexit__(self, *exc) -> None:
+        if self.excl:
+            self.gate.release_exclusive()
+        else:
+            self.gate.release_shared()
+
+
+@dataclass(eq=False)
+class LocalFile:
+    inode: int
+    key: str                        # its path now (renames follow it)
+    staging: str                    # current staging file
+    fd: int | None                  # read-write descriptor of it while writers hold it
+    size: int = 0
+    mtime: float = field(default_factory=time.time)
+    writers: int = 0                # write handles attached
+    sealed: bool = False            # staging may not change: it may be uploaded
+    dirty: bool = False             # changed since its last journal record
+    dir_synced: bool = False        # the staging file's directory entry is fsynced
+    remote_base: bool = False       # the remote may hold an object at ``key``
+    unlinked: bool = False
+    uploaded: object = None         # ObjectInfo of the upload of the current staging
+    fresh: bool = False             # created empty and never copied: may stream
+    stream: object = None           # stream.Stream sending parts while it is written
+    gate: Gate = field(default_factory=Gate)
+
+    @property
+    def version(self) -> str:
+        return LOCAL_VERSION + self.staging
+
+
+class WriteHandle:
+    """A file opened with write access.  ``lf`` is attached on the first write (or at
+    open with O_TRUNC / for a new file): until then reads go to the remote version
+    ``pinned`` like a read-only open, so O_RDWR opens that only read copy nothing."""
+
+    __slots__ = ("inode", "lf", "pinned", "pid", "append")
+
+    def __init__(self, inode: int, lf: LocalFile | None, pinned, pid: int, append: bool):
+        self.inode, self.lf, self.pinned, self.pid, self.append = inode, lf, pinned, pid, append
+
+
+class ReadHandle:
+    """A read-only open of a file with journal data: its own descriptor on the staging
+    file of the moment (a later copy on write does not change what it reads)."""
+
+    __slots__ = ("lf", "staging", "fd")
+
+    def __init__(self, lf: LocalFile, fd: int):
+        self.lf, self.staging, self.fd = lf, lf.staging, fd
+
+
+class SyncHandle:
+    """``.neuralcache/sync``: write a command, read the answer (the read waits)."""
+
+    __slots__ = ("command", "answer")
+
+    def __init__(self) -> None:
+        self.command = bytearray()
+        self.answer: bytes | None = None
+
+
+# -- blocking helpers (worker threads) -------------------------------------------------
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+    except OSError as exc:
+        raise journal_error(exc, "writing to the journal") from None
+
+
+def pread(fd: int, size: int, offset: int) -> bytes:
+    try:
+        return os.pread(fd, size, offset)
+    except OSError as exc:
+        raise JournalError(f"reading from the journal: {exc.strerror}") from None
+
+
+def copy_prefix(src: str, dst_fd: int, length: int) -> None:
+    """The first ``length`` bytes of file ``src`` into ``dst_fd`` (copy on write)."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise journal_error(exc, "opening a staging file") from None
+    try:
+        off = 0
+        while off < length:
+            try:
+                n = os.copy_file_range(fd, dst_fd, length - off, off, off)
+            except OSError:
+                n = 0
+            if n <= 0:          # not supported here, or past the source's end
+                data = os.pread(fd, min(8 << 20, length - off), off)
+                if not data:
+                    break
+                pwrite_all(dst_fd, data, off)
+                n = len(data)
+            off += n
+    except OSError as exc:
+        raise journal_error(exc, "copying a staging file") from None
+    finally:
+        os.close(fd)
+
+
+def fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise journal_error(exc, "syncing a staging file") from None
+
+
+def truncate(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+    except OSError as exc:
+        raise journal_error(exc, "truncating a staging file") from None

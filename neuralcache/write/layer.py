@@ -1,0 +1,583 @@
+"""The write layer of a ``--writable`` mount: what the FUSE edge (fs/operations.py)
+calls to create, open, write, read, close and sync files (this module) and to change
+names (names.py, mixed in).  Runs on the trio thread; blocking I/O goes to worker
+threads (``DISK_THREADS``), remote work to the uploader.
+
+Durability (the README's contract):
+* close() (FUSE flush) of a changed file fsyncs its staging file and commits a
+  journal record "closed, pending upload" before it returns;
+* the upload starts once the last writer released the file (or at fsync), in the
+  background;
+* fsync() commits and then waits until the remote has the file;
+* ``barrier()`` (``neuralcache sync``) does that for every file and operation;
+* ``recover()`` (at mount, before serving) finishes what a previous run left.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+
+import trio
+
+from ..backends.base import ObjectInfo
+from ..errors import BackendError, JournalError, NotFound, NotSupported, UserError
+from ..namespace import Namespace, Node
+from ..store.blocks import Pinned
+from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
+                    copy_prefix, fsync, pread, pwrite_all, truncate)
+from .journal import JOURNAL_DIR, Committer, Journal
+from .stream import START_PARTS
+from .barriers import Barriers
+from .names import NameOps
+from .opqueue import Op, OpQueue
+from .uploader import PART_SIZE, Uploader
+
+log = logging.getLogger(__name__)
+
+# Worker threads for journal I/O (staging writes, fsyncs, the log): as many as the
+# disk tier's (store/blocks.py DISK_THREADS), a local NVMe's useful queue depth for
+# buffered I/O from Python.
+DISK_THREADS = 8
+# Blocks read ahead while a file is copied from the remote into the journal (an
+# existing file opened for writing without O_TRUNC): 4 x 8 MiB keeps the link busy
+# (the same depth as read-ahead's first windows).
+FILL_AHEAD = 4
+# Send the parts of a new file while it is being written (stream.py).
+STREAM_UPLOADS = True
+
+
+class WriteLayer(NameOps, Barriers):
+    def __init__(self, ns: Namespace, store, backend, cache_subdir: str, *,
+                 sync_close: bool = False):
+        self.ns = ns
+        self.store = store
+        self.backend = backend
+        self.sync_close = sync_close
+        self.journal = Journal(os.path.join(cache_subdir, JOURNAL_DIR))
+        self.queue = OpQueue()
+        self._disk = trio.CapacityLimiter(DISK_THREADS)
+        self.committer = Committer(self.journal, self._pending_acts, self._disk)
+        self.uploader = Uploader(backend, self.journal, self.committer, self.queue,
+                                 sealed=self._sealed, on_done=self._on_done,
+                                 on_copied=self._moved)
+        self.files: dict[int, LocalFile] = {}          # inode -> journal state
+        self._current: dict[str, LocalFile] = {}       # staging -> file it is current for
+        self._unsealed: set[str] = set()
+        self._cancelling: collections.Counter = collections.Counter()  # not yet durable
+        self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
+        self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
+        self._recent: collections.deque = collections.deque()   # (monotonic, finished Op)
+        # Set by the FUSE edge: open handles follow a move's copy (old key,
+        # ObjectInfo); the kernel forgets a name changed behind its back (parent
+        # inode, name).
+        self.repin = None
+        self.invalidate_entry = None
+        self.skip_drain = False    # `neuralcache umount --force`
+        self.written_bytes = 0
+        self.journal_errors = 0
+        self._nursery: trio.Nursery | None = None
+
+    # -- start-up, background, unmount -------------------------------------------
+    async def recover(self) -> int:
+        """Open the journal and finish every operation a previous run left (before the
+        mount serves).  Returns how many there were; UserError if they cannot be."""
+        try:
+            acts = await trio.to_thread.run_sync(self.journal.open)
+        except OSError as exc:
+            raise UserError(f"cannot open the write journal in {self.journal.root}: "
+                            f"{exc.strerror}") from None
+        self.queue.restore(acts, self.journal.last_id)
+        keep = {a["staging"] for a in acts if a["a"] == "put"}
+        await trio.to_thread.run_sync(self._collect_garbage, keep)
+        pending = list(self.queue.ops.values())
+        if pending:
+            log.info("journal: finishing %d operations (%d bytes to upload) left by the last "
+                     "run before serving", len(pending), sum(op.size for op in pending))
+            t0 = time.monotonic()
+            async with trio.open_nursery() as n:
+                await n.start(self.run)
+                try:
+                    await self.queue.wait(pending)
+                except BackendError as exc:
+                    raise UserError(f"cannot finish {len(self.queue.ops)} pending operations "
+                                    f"from the write journal ({exc}); the data stays in "
+                                    f"{self.journal.root}: mount again once the remote "
+                                    "accepts writes") from None
+                finally:
+                    n.cancel_scope.cancel()
+            log.info("journal: finished %d operations in %.1f s", len(pending),
+                     time.monotonic() - t0)
+        if self.journal.size():
+            await trio.to_thread.run_sync(self.journal.compact, [])
+        return len(pending)
+
+    def _collect_garbage(self, keep: set[str]) -> None:
+        for name in self.journal.staging_names():
+            if name not in keep:
+                log.info("journal: removing staging file %s (a write never closed)", name)
+                self.journal.remove_staging(name)
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The committer and the uploader; runs until cancelled."""
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            await n.start(self.committer.run)
+            await n.start(self.uploader.run)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- queries ------------------------------------------------------------------------
+    def owns(self, h: object) -> bool:
+        return isinstance(h, (WriteHandle, ReadHandle, SyncHandle))
+
+    def is_local(self, node: Node) -> bool:
+        """Its data or name is still the journal's: do not revalidate with the remote."""
+        return node.inode in self.files or node.key in self.moved
+
+    def remote_key(self, node: Node) -> str:
+        """Where the remote holds ``node``'s data now (the source of a pending rename)."""
+        return self.moved.get(node.key, node.key)
+
+    def _sealed(self, staging: str) -> bool:
+        return staging not in self._unsealed
+
+    def _pending_acts(self) -> list[dict]:
+        return [op.act() for op in self.queue.ops.values() if op.durable]
+
+    def stats(self) -> dict:
+        return {"writable": True, "sync_close": self.sync_close,
+                "written_bytes": self.written_bytes,
+                "files_open_for_write": sum(1 for lf in self.files.values() if lf.writers),
+                "journal_errors": self.journal_errors + self.committer.write_errors,
+                **self.queue.stats(), **self.uploader.stats()}
+
+    def free_bytes(self) -> tuple[int, int]:
+        return self.journal.free_bytes()
+
+    def sync_handle(self) -> SyncHandle:
+        return SyncHandle()
+
+    # -- opening ------------------------------------------------------------------------
+    async def create(self, parent_inode: int, name: str, flags: int, pid: int
+                     ) -> tuple[WriteHandle, Node]:
+        parent = self._dir(parent_inode)
+        existing = parent.children.get(name)
+        if existing is not None:
+            self._check_create_over(existing, flags)
+            h = await self.open(existing, flags | os.O_WRONLY, pid)
+            return h, self.ns.get(existing.inode) or existing
+        key = f"{parent.key}/{name}" if parent.key else name
+        lf = await self._new_local(key, None, 0)
+        h = WriteHandle(lf.inode, None, None, pid, bool(flags & os.O_APPEND))
+        self._attach(h, lf)
+        return h, self.ns.get(lf.inode)
+
+    async def open(self, node: Node, flags: int, pid: int) -> object | None:
+        """A handle for an open of ``node``, or None: a plain read of remote data."""
+        if node.is_dir:
+            raise NotSupported(f"{node.key} is a directory")
+        lf = self.files.get(node.inode)
+        writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
+        if not writing:
+            if lf is None:
+                return None
+            fd = await trio.to_thread.run_sync(
+                os.open, self.journal.staging_path(lf.staging), os.O_RDONLY | os.O_CLOEXEC)
+            return ReadHandle(lf, fd)
+        pinned = Pinned(self.remote_key(node), node.version, node.size)
+        h = WriteHandle(node.inode, None, pinned, pid, bool(flags & os.O_APPEND))
+        if flags & os.O_TRUNC:
+            lf = lf or await self._new_local(node.key, node, 0)
+        if lf is not None:
+            self._attach(h, lf)
+        if flags & os.O_TRUNC:
+            await self._truncate(lf, 0)
+        return h
+
+    def _attach(self, h: WriteHandle, lf: LocalFile) -> None:
+        h.lf = lf
+        lf.writers += 1
+
+    def _current_lf(self, h: WriteHandle) -> LocalFile | None:
+        """The handle's LocalFile, attaching one another handle made meanwhile."""
+        if h.lf is None and (lf := self.files.get(h.inode)) is not None:
+            self._attach(h, lf)
+        return h.lf
+
+    async def _local(self, h: WriteHandle) -> LocalFile:
+        """The handle's LocalFile, copying the file from the remote on first use."""
+        lf = self._current_lf(h)
+        if lf is None:
+            node = self.ns.get(h.inode)
+            if node is None or node.removed:
+                raise NotFound("the file was removed")
+            lf = self.files.get(h.inode) or await self._new_local(node.key, node, node.size)
+            if h.lf is None:
+                self._attach(h, lf)
+        return lf
+
+    async def _new_local(self, key: str, node: Node | None, keep: int) -> LocalFile:
+        """Register a LocalFile for ``node`` (None: a new file at ``key``) holding its
+        first ``keep`` bytes, copied from the remote."""
+        name, fd = await trio.to_thread.run_sync(self.journal.create_staging,
+                                                 limiter=self._disk)
+        other = self.files.get(node.inode) if node is not None else None
+        if other is not None:            # another request made one meanwhile
+            os.close(fd)
+            await trio.to_thread.run_sync(self.journal.remove_staging, name)
+            return other
+        remote = node is not None and not node.version.startswith(LOCAL_VERSION)
+        if node is None:
+            node = self.ns.put_file(key, 0, LOCAL_VERSION + name, time.time())
+        lf = LocalFile(node.inode, key, name, fd, size=keep, mtime=node.mtime,
+                       remote_base=remote, dirty=True, fresh=keep == 0)
+        self.files[lf.inode] = lf
+        self._current[name] = lf
+        self._unsealed.add(name)
+        if keep:
+            await lf.gate.acquire_exclusive()     # free: first, before any reader
+            try:
+                await self._fill_from_remote(node, fd, keep)
+            except BaseException:
+                self._forget_local(lf)
+                raise
+            finally:
+                lf.gate.release_exclusive()
+        self._sync_node(lf)
+        return lf
+
+    async def _fill_from_remote(self, node: Node, fd: int, length: int) -> None:
+        p = Pinned(self.remote_key(node), node.version, node.size)
+        bs = self.store.block_size
+        off = 0
+        while off < length:
+            for j in range(off // bs + 1, off // bs + 1 + FILL_AHEAD):
+                self.store.prefetch(p, j)
+            data = await self.store.read(p, off, min(bs, length - off))
+            if not data:
+                raise NotFound(f"{node.key}: shorter on the remote than listed")
+            await trio.to_thread.run_sync(pwrite_all, fd, data, off, limiter=self._disk)
+            off += len(data)
+
+    # -- data ------------------------------------------------------------------------
+    async def read(self, h: object, off: int, size: int) -> bytes:
+        if isinstance(h, SyncHandle):
+            if h.answer is None:
+                h.answer = await self._answer(bytes(h.command))
+            return h.answer[off:off + size]
+        if isinstance(h, ReadHandle):
+            lf = h.lf
+            if h.staging == lf.staging and self.files.get(lf.inode) is lf:
+                async with lf.gate.held_shared():   # not during a copy from the remote
+                    return await trio.to_thread.run_sync(pread, h.fd, size, off,
+                                                         limiter=self._disk)
+            return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
+        assert isinstance(h, WriteHandle)
+        lf = self._current_lf(h)
+        if lf is None:
+            return await self.store.read(h.pinned, off, size)
+        async with lf.gate.held_shared():
+            return await trio.to_thread.run_sync(pread, lf.fd, size, off, limiter=self._disk)
+
+    async def write(self, h: object, off: int, buf: bytes) -> int:
+        if isinstance(h, SyncHandle):
+            h.command += buf
+            return len(buf)
+        if not isinstance(h, WriteHandle):
+            raise NotSupported("not open for writing")
+        lf = await self._local(h)
+        while True:
+            if lf.sealed:
+                async with lf.gate.held_exclusive():
+                    if lf.sealed:
+                        await self._unseal(lf, lf.size)
+            async with lf.gate.held_shared():
+                if lf.sealed:
+                    continue                    # sealed (fsync) while we waited
+                if h.append:
+                    off = lf.size
+                old, end = lf.size, off + len(buf)
+                lf.size = max(lf.size, end)     # reserved now: appenders do not overlap
+                try:
+                    await trio.to_thread.run_sync(pwrite_all, lf.fd, buf, off,
+                                                  limiter=self._disk)
+                except JournalError:
+                    if lf.size == end and old < end:
+                        lf.size = old
+                        await trio.to_thread.run_sync(truncate, lf.fd, old)
+                    raise
+                lf.dirty = True
+                lf.mtime = time.time()
+                self.written_bytes += len(buf)
+                self._sync_node(lf)
+                self._stream(lf, off)
+                return len(buf)
+
+    def _stream(self, lf: LocalFile, off: int) -> None:
+        """After a write at ``off``: start, feed or stop the file's streaming upload."""
+        streams = self.uploader.streams
+        if lf.stream is not None:
+            if off < lf.stream.sent_upto:
+                self._stop_stream(lf, "a write into a part already sent")
+            else:
+                streams.feed(lf.stream, lf.size)
+        elif STREAM_UPLOADS and lf.fresh and lf.size >= START_PARTS * PART_SIZE:
+            lf.stream = streams.start(lf.key, lf.staging, PART_SIZE)
+            if lf.stream is not None:
+                streams.feed(lf.stream, lf.size)
+
+    def _stop_stream(self, lf: LocalFile, why: str) -> None:
+        s, lf.stream = lf.stream, None
+        lf.fresh = False
+        self.uploader.streams.kill(s, why)
+
+    async def setattr(self, node: Node, size: int | None, mtime: float | None,
+                      h: object | None) -> Node:
+        """truncate / utimes; chmod and chown are accepted and ignored (README)."""
+        if size is not None:
+            if node.is_dir:
+                raise NotSupported(f"{node.key} is a directory")
+            lf = self._current_lf(h) if isinstance(h, WriteHandle) else None
+            lf = lf or self.files.get(node.inode) or \
+                await self._new_local(node.key, node, min(size, node.size))
+            if isinstance(h, WriteHandle) and h.lf is None:
+                self._attach(h, lf)
+            await self._truncate(lf, size)
+            if lf.writers == 0:    # truncate(2) by path: no close() will follow
+                await self._commit_file(lf, seal=True)
+                await self._settle(lf)
+        if mtime is not None:
+            node.mtime = mtime
+            if (lf := self.files.get(node.inode)) is not None:
+                lf.mtime = mtime
+        return self.ns.get(node.inode) or node
+
+    async def _truncate(self, lf: LocalFile, size: int) -> None:
+        async with lf.gate.held_exclusive():
+            self._stop_stream(lf, "truncated")
+            if lf.sealed:
+                await self._unseal(lf, min(size, lf.size))
+            if size != lf.size:
+                await trio.to_thread.run_sync(truncate, lf.fd, size, limiter=self._disk)
+                lf.size = size
+            lf.dirty = True
+            lf.fresh = size == 0          # empty again: it may stream
+            lf.mtime = time.time()
+        self._sync_node(lf)
+
+    async def _unseal(self, lf: LocalFile, keep: int) -> None:
+        """Copy on write: a new staging file with the first ``keep`` bytes (gate held)."""
+        self._stop_stream(lf, "copy on write")
+        name, fd = await trio.to_thread.run_sync(self.journal.create_staging,
+                                                 limiter=self._disk)
+        try:
+            await trio.to_thread.run_sync(copy_prefix, self.journal.staging_path(lf.staging),
+                                          fd, keep, limiter=self._disk)
+        except BaseException:
+            os.close(fd)
+            await trio.to_thread.run_sync(self.journal.remove_staging, name)
+            raise
+        old, old_fd = lf.staging, lf.fd
+        lf.staging, lf.fd, lf.size = name, fd, keep
+        lf.sealed, lf.dir_synced, lf.uploaded = False, False, None
+        self._current.pop(old, None)
+        self._current[name] = lf
+        self._unsealed.add(name)
+        if old_fd is not None:
+            os.close(old_fd)
+        self._release_staging(old)
+        self._sync_node(lf)
+
+    def _sync_node(self, lf: LocalFile) -> None:
+        node = self.ns.get(lf.inode)
+        if node is not None and not node.is_dir and not lf.unlinked:
+            self.ns.total_bytes += lf.size - node.size
+            node.size, node.version, node.mtime = lf.size, lf.version, lf.mtime
+
+    # -- close, fsync -----------------------------------------------------------------
+    async def flush(self, h: object) -> None:
+        if not isinstance(h, WriteHandle) or h.lf is None or h.lf.unlinked:
+            return
+        lf = h.lf
+        # Journal now (the contract of close()), but seal only at release: a close()
+        # of one of several descriptors (dup, fork) must not start an upload that the
+        # next write would supersede.  --sync-close waits for the remote here, so it
+        # seals when this is the last writer.
+        await self._commit_file(lf, seal=self.sync_close and lf.writers <= 1)
+        if self.sync_close and lf.sealed:
+            await self.queue.wait(self.queue.ops_on(lf.key))
+
+    async def _commit_file(self, lf: LocalFile, seal: bool) -> None:
+        """Journal the file's data if changed (fsync + record); seal it if asked."""
+        if lf.unlinked:
+            return
+        if lf.dirty:
+            async with lf.gate.held_exclusive():
+                if lf.dirty:
+                    await self._record(lf, seal)
+                    return
+        if seal and not lf.sealed and not lf.dirty:
+            self._seal(lf)
+
+    async def _record(self, lf: LocalFile, seal: bool) -> None:
+        try:
+            await trio.to_thread.run_sync(fsync, lf.fd, limiter=self._disk)
+            if not lf.dir_synced:
+                await trio.to_thread.run_sync(self.journal.sync_staging_dir, limiter=self._disk)
+                lf.dir_synced = True
+        except JournalError:
+            self.journal_errors += 1
+            raise
+        cancelled = self._cancel_tail_puts(lf.key)
+        acts = [{"a": "cancel", "id": c.id} for c in cancelled]
+        released = [c.staging for c in cancelled]
+        op = self.queue.new("put", lf.key, staging=lf.staging, size=lf.size)
+        acts.append(op.act())
+        lf.dirty = False
+        lf.uploaded = None
+        if seal:
+            self._seal(lf)
+        await self._commit("closed", acts, [op], released)
+
+    def _seal(self, lf: LocalFile) -> None:
+        s, lf.stream = lf.stream, None
+        lf.fresh = False
+        if s is not None:        # its upload goes to the put that uploads this version
+            puts = [op for op in self.queue.puts_of(lf.staging) if not op.running]
+            if puts and not s.dead and not lf.dirty and s.key == puts[-1].key:
+                s.handed_over = True
+                puts[-1].upload = s
+            else:
+                self.uploader.streams.kill(s, "not the version being uploaded")
+        lf.sealed = True
+        self._unsealed.discard(lf.staging)
+        self.queue.notify()
+
+    async def fsync(self, h: object) -> None:
+        """Until the remote has this file (EIO if it cannot get it)."""
+        if isinstance(h, WriteHandle):
+            lf, node = self._current_lf(h), self.ns.get(h.inode)
+            key = lf.key if lf else (node.key if node else None)
+        elif isinstance(h, ReadHandle):
+            lf, key = h.lf, h.lf.key
+        else:
+            return
+        if lf is not None and not lf.unlinked:
+            await self._commit_file(lf, seal=True)
+        if key is not None:
+            await self.queue.wait(self.queue.ops_on(key))
+
+    async def fsync_key(self, key: str, tree: bool = False) -> None:
+        """Until the remote has every operation on ``key`` (a directory: under it)
+        that does not wait for a writer to close."""
+        ops = self.queue.touching(key) if tree else self.queue.ops_on(key)
+        await self.queue.wait([op for op in ops if op.kind != "put" or self._sealed(op.staging)])
+
+    async def release(self, h: object) -> None:
+        if isinstance(h, ReadHandle):
+            os.close(h.fd)
+            return
+        if not isinstance(h, WriteHandle) or h.lf is None:
+            return
+        lf, h.lf = h.lf, None
+        lf.writers -= 1
+        if lf.writers > 0:
+            return
+        if lf.unlinked:
+            self._forget_local(lf)
+            return
+        try:
+            await self._commit_file(lf, seal=True)
+        except JournalError as exc:   # close() already reported it; the data stays local
+            log.error("%s: written data could not be journaled: %s", lf.key, exc)
+            return
+        await self._settle(lf)
+
+    async def _settle(self, lf: LocalFile) -> None:
+        """No writer left: close the descriptor; drop the LocalFile once uploaded."""
+        if lf.writers or not lf.sealed or lf.dirty:
+            return
+        if lf.fd is not None:
+            os.close(lf.fd)
+            lf.fd = None
+        if lf.uploaded is not None:
+            self._uploaded(lf, lf.uploaded)
+
+    def _uploaded(self, lf: LocalFile, info: ObjectInfo) -> None:
+        """The remote has exactly this file: serve it from the read cache from now on."""
+        self._forget_local(lf)
+        node = self.ns.get(lf.inode)
+        if node is not None and not node.removed and node.key == info.key:
+            self.ns.total_bytes += info.size - node.size
+            node.size, node.version, node.mtime = info.size, info.version, info.mtime
+            node.checked = time.monotonic()
+
+    def _forget_local(self, lf: LocalFile) -> None:
+        self._stop_stream(lf, "dropped")
+        if self.files.get(lf.inode) is lf:
+            del self.files[lf.inode]
+        if self._current.get(lf.staging) is lf:
+            del self._current[lf.staging]
+        self._unsealed.discard(lf.staging)
+        if lf.fd is not None:
+            os.close(lf.fd)
+            lf.fd = None
+        self._release_staging(lf.staging)
+
+    # -- journal records and staging files --------------------------------------------
+    def _cancel_tail_puts(self, key: str) -> list[Op]:
+        """Cancel uploads to ``key`` that have not started and that nothing after them
+        needs (a newer version, a rename or an unlink supersedes them); newest first.
+        Their staging files stay until the cancel record is durable (``_commit``)."""
+        cancelled = []
+        while (op := self.queue.last_on(key)) is not None and op.kind == "put" \
+                and op.key == key and not op.running:
+            self.queue.finish(op)
+            self.uploader.abort_later(op)
+            self._cancelling[op.staging] += 1
+            cancelled.append(op)
+        return cancelled
+
+    async def _commit(self, what: str, acts: list[dict], new_ops: list[Op],
+                      released: list[str], **info) -> None:
+        if not acts:
+            return
+
+        def durable() -> None:
+            for op in new_ops:
+                op.durable = True
+            for name in released:
+                self._cancelling[name] -= 1
+                if self._cancelling[name] <= 0:
+                    del self._cancelling[name]
+                self._release_staging(name)
+            self.queue.notify()
+
+        p = self.committer.submit(what, acts, durable)
+        p.rec.update(info)
+        await p.wait()
+
+    def _release_staging(self, name: str) -> None:
+        """Delete a staging file once nothing needs it (no file's current data, no
+        upload, no cancel record still to be written)."""
+        if name in self._current or name in self._cancelling or self.queue.puts_of(name):
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(trio.to_thread.run_sync, self.journal.remove_staging,
+                                     name)
+
+    def _on_done(self, op: Op, info: ObjectInfo | None) -> None:
+        """The uploader finished ``op`` (its done record is durable)."""
+        self._recent.append((time.monotonic(), op))
+        if op.kind == "put":
+            lf = self._current.get(op.staging)
+            if lf is not None and lf.key == op.key and info is not None:
+                lf.remote_base = True
+                if lf.sealed and not lf.dirty and not self.queue.puts_of(op.staging):
+                    lf.uploaded = info
+                    if lf.writers == 0:
+                        self._uploaded(lf, info)
+            else:
+                self._release_staging(op.staging)

@@ -1,0 +1,288 @@
+"""Name changes of a writable mount: unlink, mkdir, rmdir, rename, and keeping them
+visible across a re-listing of the remote (a mix-in of layer.WriteLayer).
+
+The namespace changes at once, in one trio step (so a directory rename is atomic for
+readers on this node); the remote follows through the operation queue:
+
+* a file still in the journal is renamed in the journal: its pending upload is
+  cancelled and queued again under the new name (never uploaded twice);
+* an uploaded file is copied on the remote and its source deleted (``move``), with
+  the intent record first, so a crash in between finishes the job at the next mount;
+  until then reads of the new name read the old key (``moved``);
+* a directory rename does that for every file under it; S3 has no directories, so
+  directories exist as parents of files, or in this mount's namespace only when made
+  by mkdir (or emptied by unlink) here: an empty directory does not outlive the mount.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..errors import (AlreadyExists, DirectoryNotEmpty, InvalidChange, IsADirectory,
+                      NotADirectory, NotFound)
+from ..namespace import Node
+from .files import LOCAL_VERSION
+from .opqueue import Op, under
+
+log = logging.getLogger(__name__)
+
+RENAME_NOREPLACE = 1     # linux/fs.h
+RENAME_EXCHANGE = 2
+
+
+def _join(parent: str, name: str) -> str:
+    return f"{parent}/{name}" if parent else name
+
+
+class NameOps:
+    # -- lookups ------------------------------------------------------------------
+    def _dir(self, inode: int) -> Node:
+        node = self.ns.get(inode)
+        if node is None or node.removed:
+            raise NotFound("the directory was removed")
+        if not node.is_dir:
+            raise NotADirectory(f"{node.key} is not a directory")
+        return node
+
+    def _child(self, parent_inode: int, name: str) -> Node:
+        node = self._dir(parent_inode).children.get(name)
+        if node is None:
+            raise NotFound(f"{name}: no such file or directory")
+        return node
+
+    def _check_create_over(self, existing: Node, flags: int) -> None:
+        if flags & os.O_EXCL:
+            raise AlreadyExists(f"{existing.key} exists")
+        if existing.is_dir:
+            raise IsADirectory(f"{existing.key} is a directory")
+
+    def _keep_parent(self, node: Node) -> None:
+        """POSIX keeps a directory whose last entry goes; S3 would not: remember it."""
+        parent = self.ns.get(node.parent)
+        if parent is not None and parent.key and len(parent.children or {}) <= 1:
+            self.local_dirs.add(parent.key)
+
+    # -- unlink, mkdir, rmdir -----------------------------------------------------
+    async def unlink(self, parent_inode: int, name: str) -> None:
+        node = self._child(parent_inode, name)
+        if node.is_dir:
+            raise IsADirectory(f"{node.key} is a directory")
+        acts, released, new_ops, _ = self._forget_file(node, delete_remote=True)
+        self._keep_parent(node)
+        self.ns.remove(node)
+        await self._commit("unlink", acts, new_ops, released, path=node.key)
+
+    def _forget_file(self, node: Node, delete_remote: bool
+                     ) -> tuple[list[dict], list[str], list[Op], bool]:
+        """Drop ``node``'s journal state; queue a delete if the remote may hold it.
+        Returns (acts, released stagings, new ops, the remote may hold it)."""
+        key = node.key
+        lf = self.files.get(node.inode)
+        cancelled = self._cancel_tail_puts(key)
+        acts = [{"a": "cancel", "id": c.id} for c in cancelled]
+        released = [c.staging for c in cancelled]
+        may_hold = bool(self.queue.ops_on(key)) or (
+            lf.remote_base if lf is not None else not node.version.startswith(LOCAL_VERSION))
+        self.moved.pop(key, None)
+        new_ops = []
+        if delete_remote and may_hold:
+            op = self.queue.new("delete", key)
+            acts.append(op.act())
+            new_ops.append(op)
+        if lf is not None:
+            self._stop_stream(lf, "unlinked")
+            lf.unlinked = True
+            if lf.writers == 0:
+                self._forget_local(lf)
+            elif self.files.get(lf.inode) is lf:
+                del self.files[lf.inode]       # its writers write into the void
+        return acts, released, new_ops, may_hold
+
+    async def mkdir(self, parent_inode: int, name: str) -> Node:
+        parent = self._dir(parent_inode)
+        if name in parent.children:
+            raise AlreadyExists(f"{_join(parent.key, name)} exists")
+        node = self.ns.make_dirs(_join(parent.key, name))
+        self.local_dirs.add(node.key)
+        return node
+
+    async def rmdir(self, parent_inode: int, name: str) -> None:
+        node = self._child(parent_inode, name)
+        if not node.is_dir:
+            raise NotADirectory(f"{node.key} is not a directory")
+        if node.children:
+            raise DirectoryNotEmpty(f"{node.key} is not empty")
+        self._keep_parent(node)
+        self.local_dirs.discard(node.key)
+        self.ns.remove(node)
+
+    # -- rename ---------------------------------------------------------------------
+    async def rename(self, old_parent: int, old_name: str, new_parent_inode: int,
+                     new_name: str, flags: int) -> None:
+        if flags & RENAME_EXCHANGE:
+            raise InvalidChange("RENAME_EXCHANGE is not supported")
+        node = self._child(old_parent, old_name)
+        new_parent = self._dir(new_parent_inode)
+        target = new_parent.children.get(new_name)
+        if target is node:
+            return
+        if target is not None and flags & RENAME_NOREPLACE:
+            raise AlreadyExists(f"{target.key} exists")
+        src, dst = node.key, _join(new_parent.key, new_name)
+        if node.is_dir:
+            if under(dst, src):
+                raise InvalidChange(f"cannot move {src} into itself")
+            if target is not None and not target.is_dir:
+                raise NotADirectory(f"{dst} is not a directory")
+            if target is not None and target.children:
+                raise DirectoryNotEmpty(f"{dst} is not empty")
+        elif target is not None and target.is_dir:
+            raise IsADirectory(f"{dst} is a directory")
+        acts: list[dict] = []
+        released: list[str] = []
+        new_ops: list[Op] = []
+        target_held = False
+        if target is not None:
+            if target.is_dir:
+                self.local_dirs.discard(target.key)
+            else:
+                acts, released, new_ops, target_held = self._forget_file(target, False)
+            self.ns.remove(target)
+        moving = [n for n in self.ns._subtree(node) if not n.is_dir]
+        for f in moving:
+            k2 = dst + f.key[len(src):]
+            a, r, o = self._move_file(f, f.key, k2, target_held and f is node)
+            acts += a
+            released += r
+            new_ops += o
+        self._keep_parent(node)
+        self.ns.move(node, new_parent, new_name)
+        for f in moving:
+            if (lf := self.files.get(f.inode)) is not None:
+                lf.key = f.key
+        for d in [d for d in self.local_dirs if under(d, src)]:
+            self.local_dirs.discard(d)
+            self.local_dirs.add(dst + d[len(src):])
+        await self._commit("rename", acts, new_ops, released, src=src, dst=dst)
+
+    def _move_file(self, f: Node, k: str, k2: str, target_held: bool
+                   ) -> tuple[list[dict], list[str], list[Op]]:
+        lf = self.files.get(f.inode)
+        if lf is None:            # only on the remote: copy there, then delete the source
+            op = self.queue.new("move", k2, src=k)
+            self.moved[k2] = self.moved.pop(k, k)
+            return [op.act()], [], [op]
+        self._stop_stream(lf, "renamed")
+        cancelled = self._cancel_tail_puts(k)
+        acts = [{"a": "cancel", "id": c.id} for c in cancelled]
+        released = [c.staging for c in cancelled]
+        new_ops: list[Op] = []
+        remote_has = bool(self.queue.ops_on(k)) or lf.remote_base
+        if cancelled:         # the newest cancelled upload goes to the new name instead
+            op = self.queue.new("put", k2, staging=cancelled[0].staging,
+                                size=cancelled[0].size)
+            acts.append(op.act())
+            new_ops.append(op)
+            if remote_has:
+                d = self.queue.new("delete", k)
+                acts.append(d.act())
+                new_ops.append(d)
+            lf.remote_base = target_held
+        elif remote_has:      # uploaded (or uploading): the remote renames it
+            op = self.queue.new("move", k2, src=k)
+            acts.append(op.act())
+            new_ops.append(op)
+            lf.remote_base = True
+        else:                 # nothing recorded yet: its close() uploads to the new name
+            lf.remote_base = target_held
+        return acts, released, new_ops
+
+    def _moved(self, op: Op, info) -> None:
+        """A move's copy is on the remote (its source is deleted next): reads of names
+        that pointed at its source now read its destination, and open handles follow
+        (the copy holds what the source held: later writes to the source's name
+        queue after this move)."""
+        for k, src in list(self.moved.items()):
+            if src == op.src:
+                if k == op.key:
+                    del self.moved[k]
+                else:
+                    self.moved[k] = op.key
+        if info is None:
+            return
+        if self.repin is not None:
+            self.repin(op.src, info)
+        node = self.ns.by_path(op.key)
+        if node is None or node.is_dir or op.key in self.moved:
+            return
+        lf = self.files.get(node.inode)
+        if lf is not None:
+            # renamed while its upload ran: the copy is that upload, so the remote
+            # now has exactly this file unless it changed since
+            if lf.sealed and not lf.dirty and not self.queue.puts_of(lf.staging):
+                lf.remote_base = True
+                lf.uploaded = info
+                if lf.writers == 0:
+                    self._uploaded(lf, info)
+            return
+        node.version, node.size, node.checked = info.version, info.size, time.monotonic()
+
+    # -- directories and re-listing -------------------------------------------------
+    async def fsyncdir(self, node: Node) -> None:
+        await self.fsync_key(node.key, tree=True)
+
+    def after_listing(self, started: float) -> None:
+        """The namespace was rebuilt from a listing that began at ``started``
+        (time.monotonic()): apply again what the remote may not show yet."""
+        while self._recent and self._recent[0][0] < started:
+            self._recent.popleft()
+        ops = sorted([op for _, op in self._recent] + list(self.queue.ops.values()),
+                     key=lambda o: o.id)
+        for op in ops:
+            self._reapply(op)
+        for lf in self.files.values():
+            try:
+                self.ns.put_file(lf.key, lf.size, lf.version, lf.mtime)
+            except ValueError as exc:
+                log.warning("cannot show %s: %s", lf.key, exc)
+        for d in sorted(self.local_dirs):
+            try:
+                self.ns.make_dirs(d)
+            except ValueError:
+                self.local_dirs.discard(d)
+        self._prune(self.ns.root)
+
+    def _reapply(self, op: Op) -> None:
+        ns = self.ns
+        node = ns.by_path(op.key)
+        if node is not None and (node.is_dir or node.inode in self.files):
+            return
+        if op.kind == "delete":
+            if node is not None:
+                ns.remove(node)
+        elif op.kind == "move":
+            src = ns.by_path(op.src)
+            if src is not None and not src.is_dir and src.inode not in self.files:
+                info = op.result
+                size, version, mtime = (info.size, info.version, info.mtime) if info else \
+                    (src.size, src.version, src.mtime)
+                ns.remove(src)
+                self._put(op.key, size, version, mtime)
+        elif op.result is not None:
+            i = op.result
+            self._put(op.key, i.size, i.version, i.mtime)
+
+    def _put(self, key: str, size: int, version: str, mtime: float) -> None:
+        try:
+            self.ns.put_file(key, size, version, mtime)
+        except ValueError as exc:
+            log.warning("cannot show %s: %s", key, exc)
+
+    def _prune(self, node: Node) -> bool:
+        """Remove directories that hold nothing and were not made here; True if
+        ``node`` is (now) empty."""
+        for child in list((node.children or {}).values()):
+            if child.is_dir and self._prune(child) and child.key not in self.local_dirs:
+                self.ns.remove(child)
+        return not node.children

@@ -1,0 +1,333 @@
+"""The write path without a kernel: the journal (intent log + staging files), the
+operation queue's ordering, and the uploader against an in-memory backend that can
+fail on purpose."""
+import errno
+import json
+import os
+import threading
+import time
+
+import pytest
+import trio
+
+from neuralcache.backends.base import ObjectInfo
+from neuralcache.errors import JournalFull, NotFound, PermissionDenied, Unavailable
+from neuralcache.write import opqueue, uploader as upmod
+from neuralcache.write.journal import Committer, Journal
+from neuralcache.write.opqueue import OpQueue
+from neuralcache.write.uploader import Uploader, part_size_for, requests_for
+
+MB = 1 << 20
+
+
+def put(i, key, staging="s", size=1):
+    return {"a": "put", "id": i, "key": key, "staging": staging, "size": size}
+
+
+def rec(*acts):
+    return {"t": 0, "what": "test", "acts": list(acts)}
+
+
+# -- the intent log -----------------------------------------------------------------
+def test_replay_keeps_what_is_not_done(tmp_path):
+    j = Journal(str(tmp_path))
+    assert j.open() == []
+    j.append([rec(put(1, "a")), rec(put(2, "b"), {"a": "move", "id": 3, "src": "c", "dst": "d"})])
+    j.append([rec({"a": "done", "id": 1}), rec({"a": "cancel", "id": 2},
+                                                 {"a": "delete", "id": 4, "key": "e"})])
+    j.close()
+    j2 = Journal(str(tmp_path))
+    pending = j2.open()
+    assert [a["id"] for a in pending] == [3, 4] and j2.last_id == 4
+    for line in open(j2.log_path):       # JSON lines
+        assert set(json.loads(line)) == {"rec", "xxh"}
+
+
+def test_torn_tail_and_damaged_line_are_skipped(tmp_path, caplog):
+    j = Journal(str(tmp_path))
+    j.open()
+    j.append([rec(put(1, "a")), rec(put(2, "b")), rec(put(3, "c"))])
+    j.close()
+    lines = open(j.log_path, "rb").read().split(b"\n")
+    lines[1] = lines[1].replace(b'"b"', b'"x"')          # checksum no longer matches
+    open(j.log_path, "wb").write(b"\n".join(lines[:3]) + b"\n" + lines[2][:30])  # torn tail
+    j2 = Journal(str(tmp_path))
+    assert [a["key"] for a in j2.open()] == ["a", "c"]
+    assert "damaged record at line 2" in caplog.text
+    j2.append([rec(put(4, "d"))])                          # starts on a fresh line
+    j2.close()
+    assert [a["key"] for a in Journal(str(tmp_path)).open()] == ["a", "c", "d"]
+
+
+def test_failed_append_is_cut_back_and_reported_as_full(tmp_path, monkeypatch):
+    j = Journal(str(tmp_path))
+    j.open()
+    j.append([rec(put(1, "a"))])
+    real_write = os.write
+
+    def half_then_enospc(fd, data):
+        if fd == j._fd and len(data) > 10:
+            real_write(fd, bytes(data[:10]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", half_then_enospc)
+    with pytest.raises(JournalFull):
+        j.append([rec(put(2, "b"))])
+    monkeypatch.setattr(os, "write", real_write)
+    j.append([rec(put(3, "c"))])
+    j.close()
+    assert [a["id"] for a in Journal(str(tmp_path)).open()] == [1, 3]
+
+
+def test_compaction_keeps_only_pending(tmp_path):
+    j = Journal(str(tmp_path))
+    j.open()
+    j.append([rec(put(i, f"k{i}")) for i in range(1, 50)])
+    j.append([rec({"a": "done", "id": i}) for i in range(1, 49)])
+    big = j.size()
+    j.compact([put(49, "k49")])
+    assert j.size() < big / 10
+    j.append([rec(put(50, "k50"))])
+    j.close()
+    assert [a["id"] for a in Journal(str(tmp_path)).open()] == [49, 50]
+
+
+def test_committer_writes_in_submit_order_and_groups(tmp_path):
+    j = Journal(str(tmp_path))
+    j.open()
+    calls = []
+    real = j.append
+    j.append = lambda recs: (calls.append(len(recs)), real(recs))[1]
+
+    async def main():
+        c = Committer(j, lambda: [])
+        async with trio.open_nursery() as n:
+            await n.start(c.run)
+            ps = [c.submit("w", [put(i, f"k{i}")]) for i in range(1, 21)]
+            for p in ps:
+                await p.wait()
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+    j.close()
+    assert [a["id"] for a in Journal(str(tmp_path)).open()] == list(range(1, 21))
+    assert len(calls) < 20            # batched: fewer fsyncs than records
+
+
+# -- ordering ---------------------------------------------------------------------------
+def test_queue_orders_related_keys_and_waits_for_durability_and_sealing():
+    async def main():
+        q = OpQueue()
+        a1 = q.new("put", "a", staging="s1", durable=True)
+        q.new("put", "a", staging="s2", durable=True)          # after a1: same key
+        b = q.new("put", "b", staging="s3", durable=True)
+        d = q.new("delete", "dir", durable=True)
+        q.new("put", "dir/x", staging="s4", durable=True)      # after the delete of "dir"
+        c = q.new("put", "c", staging="open")                  # not durable yet
+        unsealed = {"open", "s3"}
+        got = list(q.runnable(lambda s: s not in unsealed))
+        assert got == [a1, d]
+        unsealed.discard("s3")
+        c.durable = True
+        assert list(q.runnable(lambda s: s not in unsealed)) == [a1, b, d]
+        unsealed.clear()
+        assert c in list(q.runnable(lambda s: True))
+        a1.running = True
+        assert a1 not in list(q.runnable(lambda s: True))
+
+    trio.run(main)
+
+
+def test_little_law_and_part_sizes():
+    assert requests_for(0.2) == 8                 # 300 MB/s x 0.2 s / 8 MiB
+    assert requests_for(0.001) == upmod.MIN_REQUESTS
+    assert requests_for(10.0) == upmod.MAX_REQUESTS
+    assert part_size_for(100 * MB) == 8 * MB
+    assert part_size_for(200 << 30) == 21 * MB    # 10,000 parts at most
+    assert 200 << 30 <= 21 * MB * upmod.MAX_PARTS
+
+
+# -- the uploader -------------------------------------------------------------------------
+class MemBackend:
+    """Objects in a dict; ``fail`` maps a call name to errors raised in turn."""
+
+    def __init__(self):
+        self.objects: dict[str, bytes] = {}
+        self.uploads: dict[str, dict[int, bytes]] = {}
+        self.fail: dict[str, list[Exception]] = {}
+        self.calls: list[tuple] = []
+        self.lock = threading.Lock()
+
+    def _maybe_fail(self, name):
+        with self.lock:
+            errs = self.fail.get(name)
+            if errs:
+                raise errs.pop(0)
+
+    def _info(self, key):
+        return ObjectInfo(key, len(self.objects[key]), f"v{hash(self.objects[key])}", 0.0)
+
+    def put(self, key, data):
+        self.calls.append(("put", key))
+        self._maybe_fail("put")
+        self.objects[key] = bytes(data)
+        return self._info(key)
+
+    def create_multipart(self, key):
+        self.calls.append(("create", key))
+        uid = f"u{len(self.uploads)}"
+        self.uploads[uid] = {}
+        return uid
+
+    def upload_part(self, key, uid, n, off, data):
+        self.calls.append(("part", n))
+        self._maybe_fail("part")
+        self.uploads[uid][n] = bytes(data)
+        return f"t{n}"
+
+    def complete_multipart(self, key, uid, parts, size):
+        self.calls.append(("complete", key))
+        assert [n for n, _ in parts] == list(range(1, len(parts) + 1))
+        sent = self.uploads.pop(uid)
+        self.objects[key] = b"".join(sent[n] for n, _ in parts)
+        assert len(self.objects[key]) == size
+        return self._info(key)
+
+    def abort_multipart(self, key, uid):
+        self.uploads.pop(uid, None)
+
+    def copy(self, src, dst):
+        self.calls.append(("copy", src, dst))
+        if src not in self.objects:
+            raise NotFound(src)
+        self.objects[dst] = self.objects[src]
+        return self._info(dst)
+
+    def stat(self, key):
+        if key not in self.objects:
+            raise NotFound(key)
+        return self._info(key)
+
+    def delete(self, key):
+        self.calls.append(("delete", key))
+        self._maybe_fail("delete")
+        self.objects.pop(key, None)
+
+
+def run_ops(tmp_path, backend, setup, check=None, monkeypatch=None):
+    """Run an uploader over a fresh journal; ``setup(q, j)`` queues operations."""
+    j = Journal(str(tmp_path))
+    j.open()
+    q = OpQueue()
+    done = []
+
+    async def main():
+        c = Committer(j, lambda: [])
+        up = Uploader(backend, j, c, q, sealed=lambda s: True,
+                      on_done=lambda op, info: done.append((op.id, info)))
+        async with trio.open_nursery() as n:
+            await n.start(c.run)
+            await n.start(up.run)
+            ops = setup(q, j)
+            j.append([rec(*[op.act() for op in ops])])     # as the write layer records them
+            for op in ops:
+                op.durable = True
+            q.notify()
+            result = None
+            try:
+                await q.wait(ops)
+            except Exception as exc:
+                result = exc
+            if check is not None:
+                await check(q, ops, up)
+            n.cancel_scope.cancel()
+        return result, up
+
+    res, up = trio.run(main)
+    j.close()
+    return res, up, done, Journal(str(tmp_path)).open()
+
+
+def staged(j, data):
+    name, fd = j.create_staging()
+    os.write(fd, data)
+    os.close(fd)
+    return name
+
+
+def test_uploads_moves_deletes_then_the_journal_is_empty(tmp_path, monkeypatch):
+    monkeypatch.setattr(upmod, "PART_SIZE", 1 * MB)
+    be = MemBackend()
+    small, big = os.urandom(1000), os.urandom(3 * MB + 17)
+    be.objects["old"] = b"old data"
+
+    def setup(q, j):
+        return [q.new("put", "small", staging=staged(j, small), size=len(small)),
+                q.new("put", "big", staging=staged(j, big), size=len(big)),
+                q.new("move", "new", src="old"),
+                q.new("delete", "small")]
+
+    err, up, done, pending = run_ops(tmp_path, be, setup)
+    assert err is None and pending == []
+    assert be.objects == {"big": big, "new": b"old data"}
+    assert sum(1 for c in be.calls if c[0] == "part") == 4
+    assert up.uploaded_bytes == len(small) + len(big) and up.uploaded_files == 2
+    assert sorted(i for i, _ in done) == [1, 2, 3, 4]
+
+
+def test_a_failed_part_is_resent_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(upmod, "PART_SIZE", 1 * MB)
+    monkeypatch.setattr(upmod, "RETRY_BASE_S", 0.05)
+    be = MemBackend()
+    be.fail["part"] = [Unavailable("link reset")]
+    data = os.urandom(4 * MB)
+    err, up, done, pending = run_ops(
+        tmp_path, be, lambda q, j: [q.new("put", "f", staging=staged(j, data), size=len(data))])
+    assert err is None and be.objects["f"] == data and pending == []
+    assert sum(1 for c in be.calls if c[0] == "part") == 5      # 4 parts + the one resent
+    assert sum(1 for c in be.calls if c[0] == "create") == 1    # the same upload resumed
+    assert up.errors == 1
+
+
+def test_a_permanent_error_fails_the_barrier_at_once_and_the_data_stays(tmp_path):
+    be = MemBackend()
+    be.fail["put"] = [PermissionDenied("access denied")] * 100
+    t0 = time.monotonic()
+    err, up, done, pending = run_ops(
+        tmp_path, be, lambda q, j: [q.new("put", "f", staging=staged(j, b"x"), size=1)])
+    assert isinstance(err, Unavailable) and "access denied" in str(err)
+    assert time.monotonic() - t0 < 5
+    assert [a["key"] for a in pending] == ["f"]                 # still in the journal
+
+
+def test_transient_errors_are_retried_until_they_pass(tmp_path, monkeypatch):
+    monkeypatch.setattr(upmod, "RETRY_BASE_S", 0.05)
+    be = MemBackend()
+    be.fail["delete"] = [Unavailable("down")] * 3
+    be.objects["x"] = b"1"
+    t0 = time.monotonic()
+    err, up, done, pending = run_ops(tmp_path, be, lambda q, j: [q.new("delete", "x")])
+    assert err is None and "x" not in be.objects and up.errors == 3 and pending == []
+    # the backoff is kept (0.05 + 0.1 + 0.2 s), and not overshot (trio's clock is not
+    # time.monotonic(): a deadline in the wrong clock waited ~30 s or spun)
+    assert 0.3 < time.monotonic() - t0 < 5
+
+
+def test_barrier_gives_up_on_an_outage_after_the_documented_time(tmp_path, monkeypatch):
+    monkeypatch.setattr(upmod, "RETRY_BASE_S", 0.05)
+    monkeypatch.setattr(upmod, "RETRY_MAX_S", 0.1)
+    monkeypatch.setattr(opqueue, "BARRIER_GIVE_UP_S", 0.5)
+    be = MemBackend()
+    be.fail["delete"] = [Unavailable("down")] * 1000
+    t0 = time.monotonic()
+    err, *_ = run_ops(tmp_path, be, lambda q, j: [q.new("delete", "x")])
+    assert isinstance(err, Unavailable) and 0.4 < time.monotonic() - t0 < 3
+
+
+def test_a_replayed_move_that_already_happened_is_done(tmp_path):
+    be = MemBackend()
+    be.objects["dst"] = b"moved before the crash"
+    err, up, done, pending = run_ops(tmp_path, be,
+                                     lambda q, j: [q.new("move", "dst", src="src")])
+    assert err is None and pending == [] and be.objects == {"dst": b"moved before the crash"}
