@@ -181,6 +181,13 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     mem = MemoryTier(cfg.memory_cache_size)
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)
+    shared = None
+    if cfg.shared_cache:
+        from .store.shared import open_shared
+
+        shared = open_shared(cfg, backend, lambda: stats.latency_quantile(0.9, 0.1))
+        await shared.check()
+        store.shared = shared
     trace = TraceRing()
     predictor = make_default_predictor([])
     prefetcher = Prefetcher(ns, store, predictor,
@@ -201,6 +208,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         cpu = cpuacct.snapshot()
         if cpu is not None:
             extra["cpu_s"] = cpu
+        if shared is not None:
+            extra.update(shared.snapshot())
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()
@@ -246,6 +255,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     try:
         async with trio.open_nursery() as n:
             await n.start(store.run)
+            if shared is not None:
+                await n.start(shared.run)
             n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl)
             n.start_soon(_on_signals)
             if os.environ.get("NEURALCACHE_TRACEMALLOC") == "1":

@@ -49,6 +49,16 @@ class MountConfig:
     # (metrics reveal dataset names and sizes).
     metrics_port: int | None = None
     metrics_addr: str = "127.0.0.1"
+    # Shared tier (store/shared.py, docs/many-nodes.md): off unless a bucket is given;
+    # endpoint, region and profile default to the AWS chain like the origin's (not to
+    # the origin's own options: the shared bucket is in-region, the origin is not).
+    shared_cache: str | None = None
+    shared_cache_endpoint: str | None = None
+    shared_cache_region: str | None = None
+    shared_cache_profile: str | None = None
+    # Leases on concurrent misses: on (N nodes missing one block cost ~1 origin fetch);
+    # off only to measure what they save.
+    shared_cache_leases: bool = True
 
 
 # name -> (parser, help).  Flags are --name-with-dashes; -o uses name_with_underscores
@@ -88,6 +98,13 @@ def _port(v):
     return x
 
 
+def _shared_url(v: str) -> str:
+    from ..store.shared import parse_shared_url
+
+    parse_shared_url(v)      # one-line UserError if malformed
+    return v
+
+
 OPTIONS: dict[str, tuple] = {
     "endpoint_url": (str, "S3 endpoint URL for S3-compatible stores (default: AWS, or "
                           "$AWS_ENDPOINT_URL)"),
@@ -122,6 +139,18 @@ OPTIONS: dict[str, tuple] = {
     "debug": (_bool, "debug logging"),
     "metrics_port": (_port, "serve Prometheus metrics on this port (default: off)"),
     "metrics_addr": (str, "address for the metrics endpoint (default 127.0.0.1)"),
+    "shared_cache": (_shared_url, "s3://BUCKET[/PREFIX] of an in-region bucket shared by "
+                                  "the cluster's nodes, read before the origin and "
+                                  "written through (default: off)"),
+    "shared_cache_endpoint": (str, "S3 endpoint of the shared cache bucket, e.g. a "
+                                   "MinIO or SeaweedFS in the compute region (default: "
+                                   "AWS)"),
+    "shared_cache_region": (str, "region of the shared cache bucket (default: the one "
+                                 "it reports)"),
+    "shared_cache_profile": (str, "AWS profile for the shared cache bucket (default: "
+                                  "$AWS_PROFILE or the default chain)"),
+    "shared_cache_leases": (_bool, "one origin fetch per block when several nodes miss "
+                                   "it at once: on|off (default on)"),
 }
 
 
