@@ -434,7 +434,7 @@ class SharedTier:
             self._stale.add(bk)
             return None
         finally:
-            self.c["shared_lease_wait_ms"] += int((time.monotonic() - t0) * 1000)
+            self.c["shared_lease_wait_s"] += time.monotonic() - t0
 
     # -- the write side --------------------------------------------------------------
     def fetched(self, bk: BlockKey, data: bytes | None) -> None:
@@ -501,12 +501,12 @@ class SharedTier:
             "shared_writes", "shared_write_errors", "shared_writes_skipped",
             "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
             "shared_breaker_trips", "shared_leases", "shared_lease_waits",
-            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_stale",
-            "shared_lease_wait_ms")
+            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_stale")
 
     def snapshot(self) -> dict:
         out = {k: self.c[k] for k in self.KEYS}
         out.update(shared_cache=self.url, shared_available=self.available(),
+                   shared_lease_wait_s=round(self.c["shared_lease_wait_s"], 3),
                    shared_write_queue_bytes=self.queue_bytes,
                    shared_deadline_ms=round(self.deadline() * 1000, 1))
         return out
