@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import socket
 import time
+import urllib.request
 
 import pytest
 
 from bench.cluster import SeaweedCluster
 from bench.wan import WanProxyProcess
-from conftest import cli_env, digest, mounted, needs_fuse, new_bucket, payload, upload_tree
+from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli,
+                      upload_tree)
 from neuralcache.store import shared as sh
 
 pytestmark = needs_fuse
@@ -64,6 +67,17 @@ def node(origin, cluster, bucket, tmp_path, name, prefix, *extra, endpoint=None)
                          "--shared-cache-endpoint", endpoint or cluster.endpoint, *extra])
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(scrape: bytes, series: str) -> float:
+    line = next(x for x in scrape.decode().splitlines() if x.startswith(series + " "))
+    return float(line.split()[1])
+
+
 def stats(mp) -> dict:
     return json.loads((mp / ".neuralcache" / "stats.json").read_text())
 
@@ -96,11 +110,15 @@ def test_second_node_reads_from_the_shared_tier(s3, cluster, origin, tmp_path):
         sa = drained(a, nblocks(files))
     assert sa["shared_hits"] == 0 and sa["bytes_fetched"] == total
     assert sa["shared_bytes_written"] == total
-    with node(origin, cluster, bucket, tmp_path, "b", "t1") as b:
+    port = free_port()
+    with node(origin, cluster, bucket, tmp_path, "b", "t1", "--metrics-port", str(port)) as b:
         before = down_bytes(origin)
         read_all(b, files, order=sorted(files, reverse=True))
         wan = down_bytes(origin) - before
         sb = stats(b)
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    assert metric(scrape, 'neuralcache_cache_hits_total{tier="shared"}') == nblocks(files)
+    assert metric(scrape, "neuralcache_shared_read_bytes_total") == total
     assert sb["bytes_fetched"] == 0, sb
     assert sb["shared_hits"] == nblocks(files) and sb["shared_corrupt_blocks"] == 0
     assert wan < 0.02 * total, f"origin carried {wan} bytes for a {total}-byte dataset"
@@ -224,3 +242,26 @@ def test_volume_server_killed_mid_read(s3, cluster, origin, tmp_path):
     # replication: the blocks on the dead server are read from their other copy
     rest = nblocks({k: files[k] for k in order[4:]})
     assert s["shared_hits"] - s0["shared_hits"] == rest and s["bytes_fetched"] == 0, s
+
+
+def test_shared_cache_gc(cluster):
+    s3 = cluster.client()
+    keep = ["t6/other/x", "t6/nc1x"]                         # not the tier's: untouched
+    tier = [f"t6/nc1/blocks/ab/{i}" for i in range(3)] + ["t6/nc1/leases/ab"]
+    for k in keep + tier:
+        s3.put_object(Bucket=SHARED, Key=k, Body=b"x" * 10)
+    env = cli_env(cluster)
+    args = ["shared-cache", "gc", f"s3://{SHARED}/t6", "--endpoint-url", cluster.endpoint]
+    r = run_cli(*args, "--older-than", "1h", env=env)
+    assert r.returncode == 0 and "deleted 0 objects" in r.stdout, r.stderr
+    r = run_cli(*args, "--older-than", "0s", "--dry-run", env=env)
+    assert r.returncode == 0 and "would delete 4 objects" in r.stdout, r.stderr
+    r = run_cli(*args, "--older-than", "0s", env=env)
+    assert r.returncode == 0 and "deleted 4 objects" in r.stdout, r.stderr
+    left = {o["Key"] for o in s3.list_objects_v2(Bucket=SHARED, Prefix="t6/")["Contents"]}
+    assert left == set(keep)
+    r = run_cli(*args, "--older-than", "soon", env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "bad age" in r.stderr
+    r = run_cli("shared-cache", "gc", "s3://no-such-bucket-here", "--older-than", "1d",
+                "--endpoint-url", cluster.endpoint, env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
