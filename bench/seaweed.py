@@ -94,12 +94,7 @@ class SeaweedServer:
     def start(self) -> "SeaweedServer":
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
-        cfg = self.workdir / "s3.json"
-        cfg.write_text(json.dumps({"identities": [{
-            "name": "admin",
-            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }]}))
+        cfg = self.write_s3_config()
         b = self.base_port
         cmd = [
             weed_binary(), "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -120,6 +115,16 @@ class SeaweedServer:
             self.stop()
             raise
         return self
+
+    def write_s3_config(self) -> Path:
+        """The gateway's identities file (one admin with this server's keys)."""
+        cfg = self.workdir / "s3.json"
+        cfg.write_text(json.dumps({"identities": [{
+            "name": "admin",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}))
+        return cfg
 
     def _wait_ready(self) -> None:
         s3 = self.client()

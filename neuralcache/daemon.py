@@ -219,6 +219,13 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                        concurrency=cfg.concurrency)
     if writes is not None:
         writes.store = store
+    shared = None
+    if cfg.shared_cache:
+        from .store.shared import open_shared
+
+        shared = open_shared(cfg, backend, lambda: stats.latency_quantile(0.9, 0.1))
+        await shared.check()
+        store.shared = shared
     trace = TraceRing()
     predictor = make_default_predictor([])
     prefetcher = Prefetcher(ns, store, predictor,
@@ -240,6 +247,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         cpu = cpuacct.snapshot()
         if cpu is not None:
             extra["cpu_s"] = cpu
+        if shared is not None:
+            extra.update(shared.snapshot())
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()
@@ -289,6 +298,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 await outer.start(writes.run)
             async with trio.open_nursery() as n:
                 await n.start(store.run)
+                if shared is not None:
+                    await n.start(shared.run)
                 n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl,
                              writes)
                 n.start_soon(_on_signals)

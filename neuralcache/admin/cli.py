@@ -382,6 +382,10 @@ def format_stats(s: dict) -> str:
                                f"{s['upload_oldest_pending_s']:.0f} s)"),
             ("upload errors", f"{s['upload_errors']} (retried until they pass)"),
         ]
+    if "shared_hits" in s:      # --shared-cache (store/shared.py)
+        rows[6:6] = [("shared hits / misses", f"{s['shared_hits']} / {s['shared_misses']} "
+                      f"({format_size(s['shared_bytes_read'])} read, "
+                      f"{format_size(s['shared_bytes_written'])} written)")]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
@@ -505,6 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("mountpoint")
     t.add_argument("--out", required=True, help="output file, or - for stdout")
     t.set_defaults(func=cmd_trace)
+    from .sharedgc import add_parser as add_shared_cache_parser
+    add_shared_cache_parser(sub)
     return p
 
 

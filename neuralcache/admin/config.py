@@ -55,6 +55,16 @@ class MountConfig:
     # close() returns once the data is in the local journal (fsynced); --sync-close
     # makes it wait for the remote too, at the cost of the upload time per close.
     sync_close: bool = False
+    # Shared tier (store/shared.py, docs/many-nodes.md): off unless a bucket is given;
+    # endpoint, region and profile default to the AWS chain like the origin's (not to
+    # the origin's own options: the shared bucket is in-region, the origin is not).
+    shared_cache: str | None = None
+    shared_cache_endpoint: str | None = None
+    shared_cache_region: str | None = None
+    shared_cache_profile: str | None = None
+    # Leases on concurrent misses: on (N nodes missing one block cost ~1 origin fetch);
+    # off only to measure what they save.
+    shared_cache_leases: bool = True
 
 
 # name -> (parser, help).  Flags are --name-with-dashes; -o uses name_with_underscores
@@ -92,6 +102,13 @@ def _port(v):
     if not 0 < x < 65536:
         raise UserError(f"bad port {v!r}: expected a number 1-65535")
     return x
+
+
+def _shared_url(v: str) -> str:
+    from ..store.shared import parse_shared_url
+
+    parse_shared_url(v)      # one-line UserError if malformed
+    return v
 
 
 OPTIONS: dict[str, tuple] = {
@@ -134,6 +151,18 @@ OPTIONS: dict[str, tuple] = {
                         "-o rw is the same)"),
     "sync_close": (_bool, "with --writable, close() also waits until the file is on "
                           "the remote (default off)"),
+    "shared_cache": (_shared_url, "s3://BUCKET[/PREFIX] of an in-region bucket shared by "
+                                  "the cluster's nodes, read before the origin and "
+                                  "written through (default: off)"),
+    "shared_cache_endpoint": (str, "S3 endpoint of the shared cache bucket, e.g. a "
+                                   "MinIO or SeaweedFS in the compute region (default: "
+                                   "AWS)"),
+    "shared_cache_region": (str, "region of the shared cache bucket (default: the one "
+                                 "it reports)"),
+    "shared_cache_profile": (str, "AWS profile for the shared cache bucket (default: "
+                                  "$AWS_PROFILE or the default chain)"),
+    "shared_cache_leases": (_bool, "one origin fetch per block when several nodes miss "
+                                   "it at once: on|off (default on)"),
 }
 
 

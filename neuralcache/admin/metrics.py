@@ -58,6 +58,27 @@ COUNTERS = {
     "neuralcache_upload_errors_total": ("upload_errors",
                                         "Failed attempts of uploads, renames and deletes "
                                         "(each is retried)"),
+    # the shared tier (store/shared.py); 0 when --shared-cache is off
+    "neuralcache_shared_read_bytes_total": ("shared_bytes_read",
+                                            "Bytes read from the shared tier"),
+    "neuralcache_shared_written_bytes_total": ("shared_bytes_written",
+                                               "Bytes written through to the shared tier"),
+    "neuralcache_shared_writes_skipped_total": ("shared_writes_skipped",
+                                                "Blocks not written through (queue full "
+                                                "or tier down)"),
+    "neuralcache_shared_write_errors_total": ("shared_write_errors",
+                                              "Write-throughs that failed"),
+    "neuralcache_shared_errors_total": ("shared_errors", "Shared-tier requests that failed"),
+    "neuralcache_shared_timeouts_total": ("shared_timeouts",
+                                          "Shared-tier requests past their deadline"),
+    "neuralcache_shared_corrupt_blocks_total": ("shared_corrupt_blocks",
+                                                "Shared blocks that failed verification"),
+    "neuralcache_shared_leases_total": ("shared_leases",
+                                        "Leases taken to fetch a block from the origin"),
+    "neuralcache_shared_lease_waits_total": ("shared_lease_waits",
+                                             "Misses that waited on another node's lease"),
+    "neuralcache_shared_lease_wait_seconds_total": ("shared_lease_wait_s",
+                                                    "Time spent waiting on leases"),
 }
 GAUGES = {
     "neuralcache_cache_bytes": "Bytes held by a cache tier",
@@ -66,6 +87,9 @@ GAUGES = {
     "neuralcache_open_handles": "Open file handles",
     "neuralcache_dataset_files": "Files in the mounted namespace",
     "neuralcache_disk_cache_writable": "1 while disk cache writes succeed",
+    "neuralcache_shared_write_queue_bytes": "Bytes waiting to be written to the shared tier",
+    "neuralcache_shared_available": "1 unless the shared tier is skipped (breaker open "
+                                    "or not configured)",
 }
 # Write-path gauges: metric name -> (stats key, help); 0 on a read-only mount.
 WRITE_GAUGES = {
@@ -108,11 +132,13 @@ class _Collector:
                                    labels=["tier"])
         hits.add_metric(["memory"], s["mem_hits"])
         hits.add_metric(["disk"], s["disk_hits"])
+        hits.add_metric(["shared"], s.get("shared_hits", 0))
         yield hits
         misses = CounterMetricFamily("neuralcache_cache_misses",
                                      TIERED["neuralcache_cache_misses_total"], labels=["tier"])
         misses.add_metric(["memory"], s["mem_misses"])
         misses.add_metric(["disk"], s["disk_misses"])
+        misses.add_metric(["shared"], s.get("shared_misses", 0))
         yield misses
         ops = CounterMetricFamily(FUSE_REQUESTS[:-len("_total")], "FUSE requests by operation",
                                   labels=["op"])
@@ -140,6 +166,12 @@ class _Collector:
                                 value=1 if s.get("disk_cache_writable", True) else 0)
         for name, (key, help_text) in WRITE_GAUGES.items():
             yield GaugeMetricFamily(name, help_text, value=s.get(key, 0))
+        yield GaugeMetricFamily("neuralcache_shared_write_queue_bytes",
+                                GAUGES["neuralcache_shared_write_queue_bytes"],
+                                value=s.get("shared_write_queue_bytes", 0))
+        yield GaugeMetricFamily("neuralcache_shared_available",
+                                GAUGES["neuralcache_shared_available"],
+                                value=1 if s.get("shared_available", False) else 0)
 
 
 class Metrics:

@@ -161,7 +161,8 @@ class S3Backend(S3Writes):
         return urllib3.PoolManager(num_pools=4, **kw)
 
     def _signed_get(self, key: str, headers: dict[str, str], method: str = "GET",
-                    target: tuple[str, str] | None = None):
+                    target: tuple[str, str] | None = None, body: bytes | None = None):
+        """One signed request (``body``: a PUT's payload, signed with it)."""
         region, base = target or self._target
         # Asked for per request: a refreshable provider (SSO, assume-role,
         # credential_process, instance metadata) renews them before they expire.
@@ -169,9 +170,9 @@ class S3Backend(S3Writes):
         if creds is None:
             raise bex.NoCredentialsError()
         url = base + "/" + quote(self.prefix + key, safe="/~")
-        req = AWSRequest(method=method, url=url, headers=headers)
+        req = AWSRequest(method=method, url=url, headers=headers, data=body)
         S3SigV4Auth(creds.get_frozen_credentials(), "s3", region).add_auth(req)
-        return self._pool.request(method, url, headers=dict(req.headers.items()),
+        return self._pool.request(method, url, headers=dict(req.headers.items()), body=body,
                                   preload_content=False, redirect=False)
 
     def _direct_read(self, key: str, offset: int, length: int, version: str) -> bytes:

@@ -110,6 +110,7 @@ class BlockStore:
                                      min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
         self.write_queue_bytes = 0
         self._nursery: trio.Nursery | None = None
+        self.shared = None     # a store.shared.SharedTier between disk and origin, if set
 
     # -- lifecycle -------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -282,18 +283,11 @@ class BlockStore:
         if flight.kind == lim.DEMAND:
             st.disk_misses += 1
         off, length = self.block_range(obj, bk.index)
-        flight.ticket = self.limiter.ticket(lim.DEMAND if flight.joined else flight.kind)
-        await self.limiter.acquire(flight.ticket)
-        t0 = time.monotonic()
-        try:
-            data = await self._fetch(obj, off, length, flight)
-        except BackendError:
-            st.record_backend(time.monotonic() - t0, 0, ok=False)
-            raise
-        finally:
-            self.limiter.release()
-        st.record_backend(time.monotonic() - t0, len(data), ok=True)
-        flight.remote = True
+        # the shared tier (store/shared.py), when configured: a miss or any failure of
+        # it is None, and the origin fetch below writes the block through
+        data = None if self.shared is None else await self.shared.get(bk, length)
+        if data is None:
+            data = await self._from_origin(bk, obj, flight, off, length)
         if flight.kind != lim.DEMAND:
             if flight.kind == lim.READAHEAD:
                 st.readahead_bytes_fetched += len(data)
@@ -316,6 +310,28 @@ class BlockStore:
                     self.write_queue_bytes += len(data)
                 except trio.WouldBlock:
                     self.stats.disk_writes_skipped += 1
+        return data
+
+    async def _from_origin(self, bk: BlockKey, obj: Pinned, flight: _Flight, off: int,
+                           length: int) -> bytes:
+        st = self.stats
+        data = None
+        flight.ticket = self.limiter.ticket(lim.DEMAND if flight.joined else flight.kind)
+        try:
+            await self.limiter.acquire(flight.ticket)
+            t0 = time.monotonic()
+            try:
+                data = await self._fetch(obj, off, length, flight)
+            except BackendError:
+                st.record_backend(time.monotonic() - t0, 0, ok=False)
+                raise
+            finally:
+                self.limiter.release()
+        finally:
+            if self.shared is not None:
+                self.shared.fetched(bk, data)   # write-through, or drop our lease
+        st.record_backend(time.monotonic() - t0, len(data), ok=True)
+        flight.remote = True
         return data
 
     async def _fetch(self, obj: Pinned, off: int, length: int, flight: _Flight) -> bytes:

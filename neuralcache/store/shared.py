@@ -1,0 +1,533 @@
+"""The shared tier: an in-region S3 bucket that every node of a cluster reads before the
+origin and writes what it fetched from the origin into, so each block crosses the WAN
+about once per cluster (issue 13).  Lookup order: memory -> disk -> shared -> origin.
+
+Objects (under ``--shared-cache s3://BUCKET[/PREFIX]``)::
+
+    PREFIX/nc1/blocks/XY/<h>   one block: header + data (format below)
+    PREFIX/nc1/leases/<h>      "I am fetching block h from the origin" (JSON, tiny)
+
+``h`` = xxh3_128 of (source identity, full object key, version/ETag, block size, block
+index): a changed origin object has a new ETag, so it can never be served an old block.
+The block object is ``b"NCS1" | u32 header length | header JSON | data``; the header
+names the source, key, version, block size, index, length and xxh3_64 of the data, and
+every read checks all of them.  A mismatch (torn write, a bug, a hostile or confused
+writer, an xxh3_128 collision) is a miss and a log line, and the block is overwritten
+by the write-through that follows the origin fetch.  A node trusts the header and the
+checksum, never the writer -- but only the cluster may write the bucket (see
+docs/many-nodes.md: a writer can always poison a block it can write consistently).
+
+Failure is a miss, never a failed or slow read: every request runs in a worker thread
+under a deadline (``deadline()``: DEADLINE_FACTOR x the p90 of recent block GETs,
+within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error counts toward a breaker
+that, after BREAKER_FAILURES in a row, skips the tier for BREAKER_OPEN_S and then
+tries again by itself.  So a dead or stalled tier costs at most BREAKER_FAILURES reads
+DEADLINE_MAX_S each per BREAKER_OPEN_S; the rest go straight to the origin.
+
+Concurrent misses (several nodes want the same block at once: the same epoch start, one
+checkpoint loaded by every node): a lease.  After a shared miss the node creates the
+lease object with a conditional put (``If-None-Match: *``; SeaweedFS >= 3.9x, S3 since
+Aug 2024, MinIO, Ceph RGW honour it: exactly one creator wins, the rest get 412).  The
+winner fetches from the origin and writes the block through, then deletes the lease;
+the others poll the block object (LEASE_POLL_* intervals) for up to ``lease_wait()``
+and read it from the shared tier, or fetch from the origin themselves when it does not
+come (owner slow or dead; a lease older than LEASE_TTL_S is ignored).  The lease is
+taken before the origin request queues, never while holding a backend slot, so nodes
+waiting on each other cannot deadlock.
+
+Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
+WRITERS tasks; when full, the block is not written (counted), a reader never waits.
+
+Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads
+(``SHARED_THREADS`` at most); bookkeeping runs on the trio thread, like BlockStore.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import socket
+import struct
+import time
+import uuid
+
+import trio
+import urllib3
+import xxhash
+
+from ..backends import retry
+from ..backends.s3 import _XML_CODE, S3Backend
+from ..errors import BackendError, NotFound, PermissionDenied, Unavailable, UserError
+from ..stats import percentile
+from .tiers import BlockKey
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"NCS1"
+_HEAD = struct.Struct("<4sI")
+# Largest header accepted (JSON of a few names; keys are at most 1 KiB on S3).
+MAX_HEADER = 16 << 10
+LAYOUT = "nc1"               # top-level folder under the prefix; bump on format changes
+
+# Deadline of one shared-tier request: DEADLINE_FACTOR x the p90 of the last
+# LATENCY_WINDOW block GETs, within [DEADLINE_MIN_S, DEADLINE_MAX_S] (MAX until
+# LATENCY_MIN_SAMPLES).  An in-region 8 MiB GET is ~10-50 ms of first byte plus ~40-80 ms
+# of transfer (S3 Standard, ~100-200 MB/s per connection; S3 Express and a LAN MinIO
+# are faster), a WAN block fetch >= 60 ms + transfer, so 4 x p90 catches a stalled
+# request well before it would have cost more than going to the origin, and 250 ms
+# caps what a slow tier adds to a read that then goes to the origin.
+DEADLINE_FACTOR = 4.0
+DEADLINE_MIN_S = 0.1
+DEADLINE_MAX_S = 0.5
+LATENCY_WINDOW = 256
+LATENCY_MIN_SAMPLES = 20
+# The mount-time check of the shared bucket (list + region): a tier that does not
+# answer within this is left off (the breaker) rather than holding the mount up.
+MOUNT_CHECK_S = 3.0
+# A PUT (write-through) in the background may take longer: 8 MiB at ~50 MB/s, x4.
+PUT_DEADLINE_S = 1.0
+# Breaker: after this many failed or timed-out requests in a row the tier is skipped
+# for BREAKER_OPEN_S, then the next request probes it (recovery by itself).  3 keeps a
+# single slow request from switching the tier off; 5 s is a few training steps.
+BREAKER_FAILURES = 3
+BREAKER_OPEN_S = 5.0
+# Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
+# (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
+# bounds what a stalled tier can tie up.
+SHARED_THREADS = 32
+# Background write-through: bytes queued (like BlockStore's disk queue: enough for one
+# read-ahead window of 8 x 8 MiB blocks) and concurrent PUTs (4 x ~100 MB/s in-region
+# is above what one node fetches from the WAN).  A leased block (other nodes are
+# waiting for it) may use up to twice the bytes before it is dropped.
+WRITE_QUEUE_MAX = 64 << 20
+WRITE_QUEUE_ENTRIES = 1024
+WRITERS = 4
+# Leases.  A waiter polls the block every LEASE_POLL_MIN_S, growing x1.5 to
+# LEASE_POLL_MAX_S (a few in-region round trips: the owner needs a WAN fetch, ~0.1-0.3 s
+# for 8 MiB, plus an in-region PUT), for at most lease_wait(): LEASE_WAIT_FACTOR x the
+# node's own origin p90 + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S]
+# -- the owner's fetch takes about what ours would.  After that the waiter fetches from
+# the origin itself (a duplicate, never a wrong or failed read).  A lease older than
+# LEASE_TTL_S is a dead owner's (clocks of a cluster agree to well under that).
+LEASE_POLL_MIN_S = 0.01
+LEASE_POLL_MAX_S = 0.1
+LEASE_WAIT_FACTOR = 3.0
+LEASE_WAIT_PAD_S = 0.2
+LEASE_WAIT_MIN_S = 0.5
+LEASE_WAIT_MAX_S = 5.0
+LEASE_TTL_S = 30.0
+
+
+def parse_shared_url(url: str) -> tuple[str, str]:
+    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix); one-line UserError otherwise."""
+    if not url.startswith("s3://") or not url[5:].split("/")[0]:
+        raise UserError(f"bad --shared-cache {url!r}: expected s3://BUCKET[/PREFIX]")
+    bucket, _, prefix = url[5:].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def block_name(source_id: str, key: str, version: str, block_size: int, index: int) -> str:
+    h = xxhash.xxh3_128_hexdigest(
+        f"{source_id}\0{key}\0{version}\0{block_size}\0{index}".encode("utf-8",
+                                                                        "surrogateescape"))
+    return h
+
+
+def pack(header: dict, data: bytes) -> bytes:
+    meta = json.dumps(header, sort_keys=True).encode()   # ensure_ascii: any key fits
+    return b"".join((_HEAD.pack(MAGIC, len(meta)), meta, data))
+
+
+def unpack(body: bytes) -> tuple[dict, memoryview]:
+    """(header, data view) of a block object; ValueError naming what is wrong."""
+    if len(body) < _HEAD.size:
+        raise ValueError(f"{len(body)} bytes, shorter than the header")
+    magic, n = _HEAD.unpack_from(body)
+    if magic != MAGIC or n > MAX_HEADER or _HEAD.size + n > len(body):
+        raise ValueError("not a NeuralCache shared block (bad magic or header length)")
+    try:
+        header = json.loads(bytes(memoryview(body)[_HEAD.size:_HEAD.size + n]))
+    except ValueError:
+        raise ValueError("unreadable header") from None
+    if not isinstance(header, dict):
+        raise ValueError("unreadable header")
+    return header, memoryview(body)[_HEAD.size + n:]
+
+
+class SharedBucket(S3Backend):
+    """The shared bucket: S3Backend's signing, region discovery and error table, plus
+    whole-object GET, PUT (optionally create-only) and DELETE.  Blocking; one attempt
+    each (a miss is cheap: the caller goes to the origin)."""
+
+    def _request(self, method: str, name: str, headers=None, body: bytes | None = None):
+        what = f"{method} shared {name}"
+        try:
+            resp = self._signed_get(name, dict(headers or {}), method=method, body=body)
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{what}: connection failed: {exc}") from None
+        except Exception as exc:  # botocore credential errors and the like
+            raise self._plain(self._classify(exc, what)) from None
+        try:
+            status = resp.status
+            data = resp.read() if method == "GET" and status == 200 else resp.read(4096)
+        except urllib3.exceptions.HTTPError as exc:
+            raise Unavailable(f"{what}: connection failed: {exc}") from None
+        finally:
+            resp.release_conn()
+        return status, data
+
+    @staticmethod
+    def _plain(err: BaseException) -> BaseException:
+        return err.cause if isinstance(err, retry.Transient) else err
+
+    def _fail(self, what: str, status: int, data: bytes) -> BaseException:
+        code = m.group(1).decode() if (m := _XML_CODE.search(data)) else ""
+        return self._plain(self._error(what, status, code))
+
+    def get(self, name: str) -> bytes | None:
+        status, data = self._request("GET", name)
+        if status == 200:
+            return data
+        if status == 404:
+            return None
+        raise self._fail(f"GET shared {name}", status, data)
+
+    def put(self, name: str, body: bytes, create_only: bool = False) -> bool:
+        """Store ``body``; with ``create_only`` only if no object has the name (False if
+        one has: HTTP 412)."""
+        status, data = self._request("PUT", name, {"If-None-Match": "*"} if create_only
+                                     else None, body)
+        if status in (200, 201, 204):
+            return True
+        if create_only and status in (409, 412):   # 409: a concurrent create in flight
+            return False
+        raise self._fail(f"PUT shared {name}", status, data)
+
+    def delete(self, name: str) -> None:
+        status, data = self._request("DELETE", name)
+        if status not in (200, 204, 404):
+            raise self._fail(f"DELETE shared {name}", status, data)
+
+
+class _Failed(Exception):
+    """A shared-tier request failed or timed out (already counted and logged)."""
+
+
+class SharedTier:
+    """Trio-side shared tier for one mount.  ``get`` before the origin, ``fetched``
+    after it; ``run`` holds the write-through tasks."""
+
+    def __init__(self, bucket: SharedBucket, source_id: str, key_prefix: str,
+                 block_size: int, *, leases: bool = True, origin_p90=None,
+                 node_id: str | None = None):
+        self.bucket = bucket
+        self.url = f"s3://{bucket.bucket}/{bucket.prefix}"
+        self.source_id = source_id
+        self.key_prefix = key_prefix
+        self.block_size = block_size
+        self.leases = leases
+        self.origin_p90 = origin_p90 or (lambda: 0.1)
+        self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._threads = trio.CapacityLimiter(SHARED_THREADS)
+        self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
+        self._failures = 0
+        self._down_until = 0.0
+        self._held: set[BlockKey] = set()       # leases we created
+        self._stale: set[BlockKey] = set()      # others' leases we gave up waiting on
+        self._send, self._recv = trio.open_memory_channel(WRITE_QUEUE_ENTRIES)
+        self._nursery: trio.Nursery | None = None
+        self.c = collections.Counter()           # the stats counters (snapshot())
+        self.queue_bytes = 0
+
+    # -- naming ----------------------------------------------------------------------
+    def _hash(self, bk: BlockKey) -> str:
+        return block_name(self.source_id, self.key_prefix + bk.key, bk.version,
+                          self.block_size, bk.index)
+
+    def _header(self, bk: BlockKey, data: bytes) -> dict:
+        return {"src": self.source_id, "key": self.key_prefix + bk.key, "ver": bk.version,
+                "bs": self.block_size, "i": bk.index, "len": len(data),
+                "xxh3": xxhash.xxh3_64_hexdigest(data)}
+
+    @staticmethod
+    def block_object(h: str) -> str:
+        return f"{LAYOUT}/blocks/{h[:2]}/{h}"
+
+    @staticmethod
+    def lease_object(h: str) -> str:
+        return f"{LAYOUT}/leases/{h}"
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def check(self) -> None:
+        """At mount: a bucket that does not exist or refuses us is a one-line error; one
+        that does not answer leaves the tier off until it does (the breaker)."""
+        exc: BaseException | str = f"no answer within {MOUNT_CHECK_S:.0f} s"
+        with trio.move_on_after(MOUNT_CHECK_S):
+            try:
+                await trio.to_thread.run_sync(self.bucket.check, abandon_on_cancel=True)
+                return
+            except (NotFound, PermissionDenied) as e:
+                raise UserError(f"shared cache {self.url}: {e}; check --shared-cache, "
+                                "--shared-cache-endpoint and the credentials") from None
+            except BackendError as e:
+                exc = e
+        log.warning("shared cache %s does not answer (%s); reading from the origin until "
+                    "it does", self.url, exc)
+        self._down_until = time.monotonic() + BREAKER_OPEN_S
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            for _ in range(WRITERS):
+                n.start_soon(self._writer)
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- requests --------------------------------------------------------------------
+    def available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def deadline(self) -> float:
+        if len(self._lat) < LATENCY_MIN_SAMPLES:
+            return DEADLINE_MAX_S
+        p90 = percentile(sorted(self._lat), 0.9)
+        return min(DEADLINE_MAX_S, max(DEADLINE_MIN_S, DEADLINE_FACTOR * p90))
+
+    def lease_wait(self) -> float:
+        return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S, LEASE_WAIT_FACTOR
+                                         * self.origin_p90() + LEASE_WAIT_PAD_S))
+
+    async def _call(self, fn, *args, deadline: float | None = None):
+        """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
+        timeout (counted; feeds the breaker)."""
+        with trio.move_on_after(deadline or self.deadline()):
+            try:
+                out = await trio.to_thread.run_sync(fn, *args, limiter=self._threads,
+                                                    abandon_on_cancel=True)
+            except BackendError as exc:
+                self._failed("error", exc)
+                raise _Failed() from None
+            self._failures = 0
+            return out
+        self._failed("timeout", None)
+        raise _Failed()
+
+    def _failed(self, kind: str, exc: BaseException | None) -> None:
+        self.c["shared_errors" if kind == "error" else "shared_timeouts"] += 1
+        self._failures += 1
+        if self._failures >= BREAKER_FAILURES and self.available():
+            self._down_until = time.monotonic() + BREAKER_OPEN_S
+            self.c["shared_breaker_trips"] += 1
+            log.warning("shared cache %s: %d requests in a row failed (last: %s); reading "
+                        "from the origin for %.0f s", self.url, self._failures,
+                        exc or f"no answer within {self.deadline() * 1000:.0f} ms",
+                        BREAKER_OPEN_S)
+        else:
+            log.debug("shared cache %s: %s (%s); %d threads busy", self.url, kind, exc,
+                      self._threads.borrowed_tokens)
+
+    def _get_verified(self, bk: BlockKey, h: str, length: int) -> bytes | str | None:
+        """(worker thread) The block's data if present and valid, None if absent, or
+        what is wrong with it (a str)."""
+        body = self.bucket.get(self.block_object(h))
+        if body is None:
+            return None
+        want = self._header(bk, b"")
+        try:
+            header, data = unpack(body)
+            bad = [k for k in ("src", "key", "ver", "bs", "i") if header.get(k) != want[k]]
+            if bad:
+                raise ValueError(f"header names another block ({', '.join(bad)} differ)")
+            if header.get("len") != length or len(data) != length:
+                raise ValueError(f"{len(data)} bytes, header says {header.get('len')}, "
+                                 f"expected {length}")
+            if header.get("xxh3") != xxhash.xxh3_64_hexdigest(data):
+                raise ValueError("checksum mismatch")
+        except ValueError as exc:
+            return str(exc)
+        return bytes(data)
+
+    async def _lookup(self, bk: BlockKey, h: str, length: int,
+                      again: bool = False) -> bytes | None:
+        """The block from the shared tier if there and valid, else None; _Failed.
+        ``again``: a repeated look (a bad block was reported by the first)."""
+        t0 = time.monotonic()
+        got = await self._call(self._get_verified, bk, h, length)
+        if isinstance(got, str) and again:
+            return None
+        if isinstance(got, str):
+            self.c["shared_corrupt_blocks"] += 1
+            log.warning("shared cache: block %s of %s@%s #%d failed verification (%s): "
+                        "a miss; it will be overwritten", h, bk.key, bk.version, bk.index, got)
+            return None
+        if got is not None:
+            self._lat.append(time.monotonic() - t0)
+        return got
+
+    # -- the read side ---------------------------------------------------------------
+    async def get(self, bk: BlockKey, length: int) -> bytes | None:
+        """The block from the shared tier, or None: go to the origin (then call
+        ``fetched``).  Never raises a domain error, never takes longer than the
+        deadline per request (plus lease_wait() when another node is fetching it)."""
+        if not self.available():
+            self.c["shared_skipped"] += 1
+            return None
+        h = self._hash(bk)
+        try:
+            data = await self._lookup(bk, h, length)
+            if data is None and self.leases:
+                data = await self._lease_or_wait(bk, h, length)
+        except _Failed:
+            data = None
+        if data is None:
+            self.c["shared_misses"] += 1
+            return None
+        self.c["shared_hits"] += 1
+        self.c["shared_bytes_read"] += len(data)
+        return data
+
+    async def _lease_or_wait(self, bk: BlockKey, h: str, length: int) -> bytes | None:
+        lease = json.dumps({"node": self.node_id, "t": time.time()}).encode()
+        try:
+            won = await self._call(self.bucket.put, self.lease_object(h), lease, True)
+        except _Failed:
+            self._stale.add(bk)     # it may have been created: delete it after the write
+            raise
+        if won:
+            self._held.add(bk)
+            self.c["shared_leases"] += 1
+            # the previous owner may have written the block and dropped its lease
+            # between our lookup and our lease: look once more
+            data = await self._lookup(bk, h, length, again=True)
+            if data is not None:
+                self._release(bk)
+            return data
+        # another node holds it: is it alive?
+        self.c["shared_lease_waits"] += 1
+        t0 = time.monotonic()
+        try:
+            held = await self._call(self.bucket.get, self.lease_object(h))
+            age = time.time() - float(json.loads(held)["t"]) if held else 0.0
+        except (ValueError, KeyError, TypeError):
+            age = LEASE_TTL_S + 1          # unreadable: treat as stale
+        if age > LEASE_TTL_S:
+            self.c["shared_lease_stale"] += 1
+            self._stale.add(bk)
+            return None
+        deadline = t0 + self.lease_wait()
+        poll = LEASE_POLL_MIN_S
+        try:
+            while time.monotonic() + poll < deadline:
+                await trio.sleep(poll)
+                poll = min(LEASE_POLL_MAX_S, poll * 1.5)
+                try:
+                    data = await self._lookup(bk, h, length, again=True)
+                except _Failed:         # one slow poll: keep waiting, unless the
+                    if not self.available():     # breaker says the tier is down
+                        raise
+                    continue
+                if data is not None:
+                    self.c["shared_lease_wait_hits"] += 1
+                    return data
+            self.c["shared_lease_timeouts"] += 1
+            self._stale.add(bk)
+            return None
+        finally:
+            self.c["shared_lease_wait_s"] += time.monotonic() - t0
+
+    # -- the write side --------------------------------------------------------------
+    def fetched(self, bk: BlockKey, data: bytes | None) -> None:
+        """After the origin fetch for a block ``get`` missed: write it through (in the
+        background) or, when the fetch failed, give up any lease we hold."""
+        leased = bk in self._held
+        if data is None or self._nursery is None:
+            self._release(bk)
+            return
+        if not self.available():
+            self.c["shared_writes_skipped"] += 1
+            self._release(bk)
+            return
+        limit = WRITE_QUEUE_MAX * (2 if leased else 1)
+        if self.queue_bytes + len(data) > limit:
+            self.c["shared_writes_skipped"] += 1
+            self._release(bk)
+            return
+        try:
+            self._send.send_nowait((bk, data))
+        except trio.WouldBlock:
+            self.c["shared_writes_skipped"] += 1
+            self._release(bk)
+            return
+        self.queue_bytes += len(data)
+
+    def _release(self, bk: BlockKey) -> None:
+        """Delete our lease (or a stale one) in the background, if there is one."""
+        if (bk in self._held or bk in self._stale) and self._nursery is not None:
+            self._nursery.start_soon(self._delete_lease, bk)
+        else:
+            self._held.discard(bk)
+            self._stale.discard(bk)
+
+    async def _delete_lease(self, bk: BlockKey) -> None:
+        self._held.discard(bk)
+        self._stale.discard(bk)
+        try:
+            await self._call(self.bucket.delete, self.lease_object(self._hash(bk)))
+        except _Failed:
+            pass     # the lease ages out (LEASE_TTL_S); waiters give up sooner anyway
+
+    async def _writer(self) -> None:
+        async for bk, data in self._recv:
+            try:
+                body = await trio.to_thread.run_sync(
+                    lambda: pack(self._header(bk, data), data), limiter=self._threads)
+                await self._call(self.bucket.put, self.block_object(self._hash(bk)), body,
+                                 deadline=PUT_DEADLINE_S)
+                self.c["shared_writes"] += 1
+                self.c["shared_bytes_written"] += len(data)
+            except _Failed:
+                self.c["shared_write_errors"] += 1
+            except Exception:  # a cache failure is never a reader's failure
+                log.exception("shared cache write failed")
+                self.c["shared_write_errors"] += 1
+            finally:
+                self.queue_bytes -= len(data)
+            if bk in self._held or bk in self._stale:
+                await self._delete_lease(bk)
+
+    # -- stats -----------------------------------------------------------------------
+    KEYS = ("shared_hits", "shared_misses", "shared_bytes_read", "shared_bytes_written",
+            "shared_writes", "shared_write_errors", "shared_writes_skipped",
+            "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
+            "shared_breaker_trips", "shared_leases", "shared_lease_waits",
+            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_stale")
+
+    def snapshot(self) -> dict:
+        out = {k: self.c[k] for k in self.KEYS}
+        out.update(shared_cache=self.url, shared_available=self.available(),
+                   shared_lease_wait_s=round(self.c["shared_lease_wait_s"], 3),
+                   shared_write_queue_bytes=self.queue_bytes,
+                   shared_deadline_ms=round(self.deadline() * 1000, 1))
+        return out
+
+
+def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str, str]:
+    """(source identity, key prefix) naming the origin the same way on every node: the
+    endpoint (or "aws") and bucket for S3, the directory for a POSIX share; the key
+    prefix joins the mount's prefix to each key, so mounts of s3://b and s3://b/sub
+    share blocks."""
+    if hasattr(backend, "bucket"):
+        return f"{endpoint_url or 'aws'}|s3://{backend.bucket}", backend.prefix
+    return f"file://{source}", ""
+
+
+def open_shared(cfg, backend, origin_p90) -> SharedTier:
+    """The shared tier a MountConfig asks for (``cfg.shared_cache`` is set)."""
+    bucket, prefix = parse_shared_url(cfg.shared_cache)
+    sb = SharedBucket(bucket, prefix, endpoint_url=cfg.shared_cache_endpoint,
+                      region=cfg.shared_cache_region, concurrency=SHARED_THREADS,
+                      profile=cfg.shared_cache_profile)
+    source_id, key_prefix = source_identity(backend, cfg.endpoint_url, cfg.source)
+    return SharedTier(sb, source_id, key_prefix, cfg.block_size,
+                      leases=cfg.shared_cache_leases, origin_p90=origin_p90)

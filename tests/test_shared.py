@@ -1,0 +1,267 @@
+"""The shared tier (issue 13) with real mounts: a real SeaweedFS cluster (master, three
+volume servers with replication, filer, S3 gateway: bench/cluster.py) behind a 1 ms
+proxy is the shared tier, the session's SeaweedFS behind a 60 ms proxy the origin.
+Every "node" is its own mount with its own cache directory; every byte read is
+compared (xxh3) with what was uploaded."""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import socket
+import time
+import urllib.request
+
+import pytest
+
+from bench.cluster import SeaweedCluster
+from bench.wan import WanProxyProcess
+from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli,
+                      upload_tree)
+from neuralcache.store import shared as sh
+
+pytestmark = needs_fuse
+
+BS = 128 << 10
+SHARED = "shared"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SeaweedCluster(tmp_path_factory.mktemp("cluster"), proxy_rtt_ms=1)
+    c.start()
+    try:
+        c.create_bucket(SHARED)
+        yield c
+    finally:
+        c.stop(grace=0)
+
+
+@pytest.fixture(scope="module")
+def origin(seaweed):
+    p = WanProxyProcess(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=60).start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def dataset(s3, seed: int, n: int, size: int, dirs=("d",)) -> tuple[str, dict[str, bytes]]:
+    """n files per directory (the mount prefetches a small directory's files together
+    on the first open, so a test that reads in phases uses a directory per phase)."""
+    files = {f"{d}/{i:02d}.bin": payload(seed + 31 * j + i, size + 4099 * i)
+             for j, d in enumerate(dirs) for i in range(n)}
+    bucket = new_bucket(s3)
+    upload_tree(s3, bucket, files)
+    return bucket, files
+
+
+def nblocks(files: dict[str, bytes]) -> int:
+    return sum(-(-len(b) // BS) for b in files.values())
+
+
+def node(origin, cluster, bucket, tmp_path, name, prefix, *extra, endpoint=None):
+    return mounted(f"s3://{bucket}", tmp_path / f"mnt-{name}", env=cli_env(cluster),
+                   cache_dir=tmp_path / f"cache-{name}",
+                   args=["--endpoint-url", origin.endpoint, "--block-size", "128K",
+                         "--shared-cache", f"s3://{SHARED}/{prefix}",
+                         "--shared-cache-endpoint", endpoint or cluster.endpoint, *extra])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(scrape: bytes, series: str) -> float:
+    line = next(x for x in scrape.decode().splitlines() if x.startswith(series + " "))
+    return float(line.split()[1])
+
+
+def stats(mp) -> dict:
+    return json.loads((mp / ".neuralcache" / "stats.json").read_text())
+
+
+def read_all(mp, files, order=None) -> None:
+    for k in order or sorted(files):
+        assert digest((mp / k).read_bytes()) == digest(files[k]), k
+
+
+def drained(mp, writes: int, timeout: float = 30) -> dict:
+    """Stats once `writes` blocks are written through and the queue is empty."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = stats(mp)
+        if s["shared_writes"] >= writes and s["shared_write_queue_bytes"] == 0:
+            return s
+        assert time.monotonic() < deadline, f"write-through did not drain: {s}"
+        time.sleep(0.1)
+
+
+def down_bytes(proxy) -> int:
+    return proxy.stats()["bytes_down"]
+
+
+def test_second_node_reads_from_the_shared_tier(s3, cluster, origin, tmp_path):
+    bucket, files = dataset(s3, 100, 8, 300_000)
+    total = sum(map(len, files.values()))
+    with node(origin, cluster, bucket, tmp_path, "a", "t1") as a:
+        read_all(a, files)
+        sa = drained(a, nblocks(files))
+    assert sa["shared_hits"] == 0 and sa["bytes_fetched"] == total
+    assert sa["shared_bytes_written"] == total
+    port = free_port()
+    with node(origin, cluster, bucket, tmp_path, "b", "t1", "--metrics-port", str(port)) as b:
+        before = down_bytes(origin)
+        read_all(b, files, order=sorted(files, reverse=True))
+        wan = down_bytes(origin) - before
+        sb = stats(b)
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    assert metric(scrape, 'neuralcache_cache_hits_total{tier="shared"}') == nblocks(files)
+    assert metric(scrape, "neuralcache_shared_read_bytes_total") == total
+    assert sb["bytes_fetched"] == 0, sb
+    assert sb["shared_hits"] == nblocks(files) and sb["shared_corrupt_blocks"] == 0
+    assert wan < 0.02 * total, f"origin carried {wan} bytes for a {total}-byte dataset"
+
+
+def _block_object(origin, bucket, s3, key, index):
+    etag = s3.head_object(Bucket=bucket, Key=key)["ETag"].strip('"')
+    h = sh.block_name(f"{origin.endpoint}|s3://{bucket}", key, etag, BS, index)
+    return "t2/" + sh.SharedTier.block_object(h)
+
+
+def test_corrupt_or_foreign_block_is_a_miss_and_is_overwritten(s3, cluster, origin, tmp_path):
+    bucket, files = dataset(s3, 200, 3, 200_000)
+    with node(origin, cluster, bucket, tmp_path, "a", "t2") as a:
+        read_all(a, files)
+        drained(a, nblocks(files))
+    cs3 = cluster.client()
+    k0, k1 = sorted(files)[:2]
+    o0, o1 = (_block_object(origin, bucket, s3, k, 0) for k in (k0, k1))
+    good0 = cs3.get_object(Bucket=SHARED, Key=o0)["Body"].read()
+    # block 0 of k0: one data byte flipped; block 0 of k1: k0's (valid) block
+    flipped = bytearray(good0)
+    flipped[-1] ^= 0xFF
+    cs3.put_object(Bucket=SHARED, Key=o0, Body=bytes(flipped))
+    cs3.put_object(Bucket=SHARED, Key=o1, Body=good0)
+    with node(origin, cluster, bucket, tmp_path, "b", "t2") as b:
+        before = down_bytes(origin)
+        read_all(b, files)
+        sb = drained(b, 2)
+        wan = down_bytes(origin) - before
+    assert sb["shared_corrupt_blocks"] == 2 and sb["shared_writes"] == 2, sb
+    assert sb["shared_hits"] == nblocks(files) - 2
+    assert 2 * BS <= wan < 4 * BS     # the two blocks, nothing else
+    for key, obj in ((k0, o0), (k1, o1)):
+        header, data = sh.unpack(cs3.get_object(Bucket=SHARED, Key=obj)["Body"].read())
+        assert header["key"] == key and bytes(data) == files[key][:BS]
+
+
+def test_shared_tier_stalls_then_recovers_by_itself(s3, cluster, origin, tmp_path):
+    """The tier stalls mid-run (its proxy replaced by one that holds every answer 30 s):
+    reads go on from the origin, each slowed by at most the deadline until the breaker
+    opens; once the tier answers again the node writes through again by itself."""
+    bucket, files = dataset(s3, 300, 2, 250_000, dirs=("p1", "p2", "p3"))
+    p1, p2, p3 = ({k: v for k, v in files.items() if k.startswith(d)} for d in ("p1", "p2", "p3"))
+    upstream = f"127.0.0.1:{cluster.s3_port}"
+    proxy = WanProxyProcess(upstream, rtt_ms=1).start()
+    port = proxy.port
+    try:
+        # --prefetch off: the phases must not fetch each other's files ahead
+        with node(origin, cluster, bucket, tmp_path, "s", "t3", "--prefetch", "off",
+                  endpoint=proxy.endpoint) as m:
+            read_all(m, p1)
+            before = drained(m, nblocks(p1))
+            proxy.stop()
+            proxy = WanProxyProcess(upstream, rtt_ms=1, stall_rate=1.0, stall_s=30,
+                                    listen_port=port).start()
+            t0 = time.monotonic()
+            read_all(m, p2)
+            stalled = time.monotonic() - t0
+            down = stats(m)
+            proxy.stop()
+            proxy = WanProxyProcess(upstream, rtt_ms=1, listen_port=port).start()
+            time.sleep(sh.BREAKER_OPEN_S)
+            read_all(m, p3)
+            after = drained(m, before["shared_writes"] + nblocks(p3))
+    finally:
+        proxy.stop()
+    assert down["read_errors"] == 0 and after["read_errors"] == 0
+    assert down["shared_timeouts"] >= 1 and down["shared_available"] is False, down
+    # at most a few deadlines more than the origin's ~0.1 s per block
+    assert stalled < nblocks(p2) * 0.1 + sh.BREAKER_FAILURES * sh.DEADLINE_MAX_S + 1.5, stalled
+    assert after["shared_available"] is True
+
+
+def test_shared_tier_unreachable_at_mount(s3, cluster, origin, tmp_path):
+    bucket, files = dataset(s3, 350, 3, 150_000)
+    dead = WanProxyProcess(f"127.0.0.1:{cluster.s3_port}", rtt_ms=1).start()
+    dead.stop()                                       # nothing listens there now
+    with node(origin, cluster, bucket, tmp_path, "dead", "t3", endpoint=dead.endpoint) as m:
+        read_all(m, files)
+        s = stats(m)
+    assert s["read_errors"] == 0 and s["bytes_fetched"] == sum(map(len, files.values()))
+    assert s["shared_hits"] == 0 and s["shared_available"] is False
+
+
+def test_concurrent_cold_misses_fetch_each_block_about_once(s3, cluster, origin, tmp_path):
+    bucket, files = dataset(s3, 400, 8, 400_000)
+    total = sum(map(len, files.values()))
+    names = ["n0", "n1", "n2"]
+    with node(origin, cluster, bucket, tmp_path, "n0", "t4") as m0, \
+            node(origin, cluster, bucket, tmp_path, "n1", "t4") as m1, \
+            node(origin, cluster, bucket, tmp_path, "n2", "t4") as m2:
+        before = down_bytes(origin)
+        with cf.ThreadPoolExecutor(len(names)) as pool:
+            list(pool.map(lambda mp: read_all(mp, files), (m0, m1, m2)))
+        wan = down_bytes(origin) - before
+        ss = [stats(m) for m in (m0, m1, m2)]
+    fetched = sum(s["bytes_fetched"] for s in ss)
+    # without leases each node would fetch all of it: 3x
+    assert fetched <= 1.3 * total, (fetched / total, ss)
+    assert wan <= 1.3 * total, wan / total
+    assert sum(s["shared_lease_waits"] for s in ss) > 0
+
+
+def test_volume_server_killed_mid_read(s3, cluster, origin, tmp_path):
+    bucket, files = dataset(s3, 500, 12, 200_000)
+    with node(origin, cluster, bucket, tmp_path, "a", "t5") as a:
+        read_all(a, files)
+        drained(a, nblocks(files))
+    order = sorted(files)
+    try:
+        with node(origin, cluster, bucket, tmp_path, "b", "t5", "--prefetch", "off") as b:
+            read_all(b, files, order[:4])
+            s0 = stats(b)
+            cluster.kill_volume(0)
+            read_all(b, files, order[4:])
+            s = stats(b)
+    finally:
+        cluster.start_volume(0)
+    assert s["read_errors"] == 0
+    # replication: the blocks on the dead server are read from their other copy
+    rest = nblocks({k: files[k] for k in order[4:]})
+    assert s["shared_hits"] - s0["shared_hits"] == rest and s["bytes_fetched"] == 0, s
+
+
+def test_shared_cache_gc(cluster):
+    s3 = cluster.client()
+    keep = ["t6/other/x", "t6/nc1x"]                         # not the tier's: untouched
+    tier = [f"t6/nc1/blocks/ab/{i}" for i in range(3)] + ["t6/nc1/leases/ab"]
+    for k in keep + tier:
+        s3.put_object(Bucket=SHARED, Key=k, Body=b"x" * 10)
+    env = cli_env(cluster)
+    args = ["shared-cache", "gc", f"s3://{SHARED}/t6", "--endpoint-url", cluster.endpoint]
+    r = run_cli(*args, "--older-than", "1h", env=env)
+    assert r.returncode == 0 and "deleted 0 objects" in r.stdout, r.stderr
+    r = run_cli(*args, "--older-than", "0s", "--dry-run", env=env)
+    assert r.returncode == 0 and "would delete 4 objects" in r.stdout, r.stderr
+    r = run_cli(*args, "--older-than", "0s", env=env)
+    assert r.returncode == 0 and "deleted 4 objects" in r.stdout, r.stderr
+    left = {o["Key"] for o in s3.list_objects_v2(Bucket=SHARED, Prefix="t6/")["Contents"]}
+    assert left == set(keep)
+    r = run_cli(*args, "--older-than", "soon", env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "bad age" in r.stderr
+    r = run_cli("shared-cache", "gc", "s3://no-such-bucket-here", "--older-than", "1d",
+                "--endpoint-url", cluster.endpoint, env=env)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
