@@ -276,3 +276,24 @@ def test_shared_cache_gc(cluster, monkeypatch):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "bad age" in r.stderr
     with pytest.raises(UserError, match="does not exist"):
         sharedgc.gc("s3://no-such-bucket-here", 86400, endpoint_url=cluster.endpoint)
+
+
+def test_block_format_and_bad_input():
+    header = {"key": "a", "len": 3}
+    h, data = sh.unpack(sh.pack(header, b"abc"))
+    assert h == header and bytes(data) == b"abc"
+    for bad in (b"", b"NCS1", b"XXXX\x02\x00\x00\x00{}", b"NCS1\xff\xff\x00\x00{}",
+                b"NCS1\x02\x00\x00\x00[]"):
+        with pytest.raises(ValueError):
+            sh.unpack(bad)
+    from neuralcache.admin.config import parse_o_options
+    for url in ("http://b", "s3://", "s3:///p"):
+        with pytest.raises(UserError, match="expected s3://BUCKET"):
+            parse_o_options(f"shared_cache={url}")
+    assert parse_o_options("shared_cache=s3://b/p,shared_cache_leases=off") == {
+        "shared_cache": "s3://b/p", "shared_cache_leases": False}
+    # the name covers source, key, version, block size and index
+    names = {sh.block_name(*args) for args in (("s", "k", "v", 1, 0), ("s2", "k", "v", 1, 0),
+                                               ("s", "k2", "v", 1, 0), ("s", "k", "v2", 1, 0),
+                                               ("s", "k", "v", 2, 0), ("s", "k", "v", 1, 1))}
+    assert len(names) == 6

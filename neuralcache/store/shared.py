@@ -425,6 +425,9 @@ class SharedTier:
                 data = await self._lease_or_wait(bk, h, length)
         except _Failed:
             data = None
+        except Exception:  # a bug here must cost a miss, not the read
+            log.exception("shared cache lookup of %s #%d failed", bk.key, bk.index)
+            data = None
         if data is None:
             self.c["shared_misses"] += 1
             return None
