@@ -47,15 +47,17 @@ class SeaweedCluster(SeaweedServer):
                  proxy_rtt_ms: float | None = None, volumes: int = VOLUME_SERVERS):
         super().__init__(workdir, base_port or free_port_block(volumes + 3))
         self.volumes = volumes
-        self.master_port = self.base_port
-        self.filer_port = self.base_port + volumes + 1
-        self.s3_port = self.base_port + volumes + 2
-        self.direct_endpoint = f"http://127.0.0.1:{self.s3_port}"
-        self.endpoint = self.direct_endpoint
+        self._use_ports(self.base_port)
         self.proxy_rtt_ms = proxy_rtt_ms
         self.proxy: WanProxyProcess | None = None
         self.procs: dict[str, subprocess.Popen] = {}
         self.grace = STOP_GRACE_S
+
+    def _use_ports(self, base: int) -> None:
+        self.base_port = self.master_port = base
+        self.filer_port = base + self.volumes + 1
+        self.s3_port = base + self.volumes + 2
+        self.direct_endpoint = self.endpoint = f"http://127.0.0.1:{self.s3_port}"
 
     # -- processes -------------------------------------------------------------------
     def _spawn(self, name: str, args: list[str]) -> None:
@@ -84,6 +86,18 @@ class SeaweedCluster(SeaweedServer):
         self._kill(f"volume{i}", signal.SIGKILL)
 
     def start(self) -> "SeaweedCluster":
+        """Start every process and wait until a bucket create + put succeeds.  If a
+        process exits meanwhile (seen: a port taken between free_port_block's check and
+        weed's bind) the cluster is started once more on other ports."""
+        try:
+            return self._start()
+        except RuntimeError as exc:
+            if "exited" not in str(exc):
+                raise
+            self._use_ports(free_port_block(self.volumes + 3))
+            return self._start()
+
+    def _start(self) -> "SeaweedCluster":
         self.workdir.mkdir(parents=True, exist_ok=True)
         cfg = self.write_s3_config()
         (self.workdir / "master").mkdir(exist_ok=True)
@@ -103,7 +117,14 @@ class SeaweedCluster(SeaweedServer):
                                f"-filer=127.0.0.1:{self.filer_port}", f"-config={cfg}",
                                "-port.iceberg=0", "-port.lance=0"])
             self.proc = self.procs["s3"]      # what SeaweedServer._wait_ready watches
-            self._wait_ready()
+            try:
+                self._wait_ready()
+            except RuntimeError as exc:
+                dead = [n for n, p in self.procs.items() if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"weed {', '.join(dead)} exited (logs in "
+                                       f"{self.workdir}): {exc}") from None
+                raise
             if self.proxy_rtt_ms is not None:
                 self.proxy = WanProxyProcess(f"127.0.0.1:{self.s3_port}",
                                              rtt_ms=self.proxy_rtt_ms).start()

@@ -223,7 +223,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     if cfg.shared_cache:
         from .store.shared import open_shared
 
-        shared = open_shared(cfg, backend, lambda: stats.latency_quantile(0.9, 0.1))
+        shared = open_shared(cfg, backend, lambda q: stats.latency_quantile(q, 0.1))
         await shared.check()
         store.shared = shared
     trace = TraceRing()

@@ -17,23 +17,29 @@ by the write-through that follows the origin fetch.  A node trusts the header an
 checksum, never the writer -- but only the cluster may write the bucket (see
 docs/many-nodes.md: a writer can always poison a block it can write consistently).
 
-Failure is a miss, never a failed or slow read: every request runs in a worker thread
-under a deadline (``deadline()``: DEADLINE_FACTOR x the p90 of recent block GETs,
-within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error counts toward a breaker
-that, after BREAKER_FAILURES in a row, skips the tier for BREAKER_OPEN_S and then
-tries again by itself.  So a dead or stalled tier costs at most BREAKER_FAILURES reads
-DEADLINE_MAX_S each per BREAKER_OPEN_S; the rest go straight to the origin.
+Failure is a miss, never a failed read, and slowness costs a bounded wait: every
+request runs in a worker thread under a deadline (``deadline()``: DEADLINE_FACTOR x the
+p90 of recent requests, within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error of
+a read is a miss and counts toward a breaker that, after BREAKER_FAILURES in a row and
+BREAKER_SILENCE_S without any answer, skips the tier (lookups are misses at once, nothing is written) while a background
+probe asks it every BREAKER_OPEN_S, closing the breaker by itself when it answers.  So
+a tier that stalls costs the reads of about BREAKER_SILENCE_S one deadline each, then
+nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
+in the p90) up to DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
 checkpoint loaded by every node): a lease.  After a shared miss the node creates the
-lease object with a conditional put (``If-None-Match: *``; SeaweedFS >= 3.9x, S3 since
-Aug 2024, MinIO, Ceph RGW honour it: exactly one creator wins, the rest get 412).  The
-winner fetches from the origin and writes the block through, then deletes the lease;
-the others poll the block object (LEASE_POLL_* intervals) for up to ``lease_wait()``
-and read it from the shared tier, or fetch from the origin themselves when it does not
-come (owner slow or dead; a lease older than LEASE_TTL_S is ignored).  The lease is
-taken before the origin request queues, never while holding a backend slot, so nodes
-waiting on each other cannot deadlock.
+lease object with a conditional put (``If-None-Match: *``: exactly one creator wins,
+the rest get 412; checked here on SeaweedFS 4.48 with 8 racing creators, documented by
+AWS S3 since Aug 2024; docs/many-nodes.md has a probe for other stores).  The winner
+fetches from the origin and writes the block through; the lease stays (a node that
+missed just before that write finds it, waits, and reads the block on its first poll;
+gc and lifecycle rules remove leases with the blocks), and is deleted only when the
+fetch fails or the write is skipped, so that nobody waits for it.  The others poll the
+block object for up to ``lease_wait()`` (about two origin fetches) and read it from the
+shared tier, or fetch from the origin themselves when it does not come or a poll finds
+the lease gone.  The lease is taken before the origin request queues, never while
+holding a backend slot, so nodes waiting on each other cannot deadlock.
 
 Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
 WRITERS tasks; when full, the block is not written (counted), a reader never waits.
@@ -71,26 +77,36 @@ MAX_HEADER = 16 << 10
 LAYOUT = "nc1"               # top-level folder under the prefix; bump on format changes
 
 # Deadline of one shared-tier request: DEADLINE_FACTOR x the p90 of the last
-# LATENCY_WINDOW block GETs, within [DEADLINE_MIN_S, DEADLINE_MAX_S] (MAX until
-# LATENCY_MIN_SAMPLES).  An in-region 8 MiB GET is ~10-50 ms of first byte plus ~40-80 ms
-# of transfer (S3 Standard, ~100-200 MB/s per connection; S3 Express and a LAN MinIO
-# are faster), a WAN block fetch >= 60 ms + transfer, so 4 x p90 catches a stalled
-# request well before it would have cost more than going to the origin, and 250 ms
-# caps what a slow tier adds to a read that then goes to the origin.
+# LATENCY_WINDOW answered requests (lookups, misses and leases alike), within
+# [DEADLINE_MIN_S, DEADLINE_MAX_S]; DEADLINE_COLD_S until LATENCY_MIN_SAMPLES.  A healthy
+# in-region store answers an 8 MiB GET in ~10-50 ms of first byte plus ~40-80 ms of
+# transfer (S3 Standard at ~100-200 MB/s per connection; S3 Express and a LAN MinIO
+# faster), so 4 x p90 tells a stalled request from a slow one, and a sudden stall of a
+# healthy tier costs a reader ~0.1-0.4 s before its read goes to the origin.  A tier
+# that is slow because it is loaded (seen here: 0.1-1 s per request with four nodes and
+# the cluster on two shared cores) raises its own deadline, up to DEADLINE_MAX_S: past
+# that, waiting costs more than the WAN fetch it saves.
 DEADLINE_FACTOR = 4.0
 DEADLINE_MIN_S = 0.1
-DEADLINE_MAX_S = 0.5
+DEADLINE_MAX_S = 2.0
+DEADLINE_COLD_S = 1.0
 LATENCY_WINDOW = 256
 LATENCY_MIN_SAMPLES = 20
 # The mount-time check of the shared bucket (list + region): a tier that does not
 # answer within this is left off (the breaker) rather than holding the mount up.
 MOUNT_CHECK_S = 3.0
-# A PUT (write-through) in the background may take longer: 8 MiB at ~50 MB/s, x4.
-PUT_DEADLINE_S = 1.0
-# Breaker: after this many failed or timed-out requests in a row the tier is skipped
-# for BREAKER_OPEN_S, then the next request probes it (recovery by itself).  3 keeps a
-# single slow request from switching the tier off; 5 s is a few training steps.
+# A write-through PUT, in the background: the read deadline's cap, at least; its
+# timeouts are write errors, not breaker failures (no reader waits on them).
+PUT_DEADLINE_S = DEADLINE_MAX_S
+# Breaker: after BREAKER_FAILURES failed or timed-out reads in a row, when nothing at
+# all has come back from the tier for BREAKER_SILENCE_S (late answers count: a tier in
+# a load spike is slow, not dead, and its requests time out together), the tier is
+# skipped (lookups are misses, nothing is written) and a background probe (one small
+# GET) asks it every BREAKER_OPEN_S until it answers -- recovery by itself, no reader
+# pays for the probe.  3 keeps one slow request from switching the tier off; 1 s of
+# silence is several deadlines of a healthy tier; 5 s is a few training steps.
 BREAKER_FAILURES = 3
+BREAKER_SILENCE_S = 1.0
 BREAKER_OPEN_S = 5.0
 # Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
 # (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
@@ -103,20 +119,20 @@ SHARED_THREADS = 32
 WRITE_QUEUE_MAX = 64 << 20
 WRITE_QUEUE_ENTRIES = 1024
 WRITERS = 4
-# Leases.  A waiter polls the block every LEASE_POLL_MIN_S, growing x1.5 to
-# LEASE_POLL_MAX_S (a few in-region round trips: the owner needs a WAN fetch, ~0.1-0.3 s
-# for 8 MiB, plus an in-region PUT), for at most lease_wait(): LEASE_WAIT_FACTOR x the
-# node's own origin p90 + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S]
-# -- the owner's fetch takes about what ours would.  After that the waiter fetches from
-# the origin itself (a duplicate, never a wrong or failed read).  A lease older than
-# LEASE_TTL_S is a dead owner's (clocks of a cluster agree to well under that).
+# Leases.  A waiter first polls the block after half the node's own origin p50 (the
+# owner needs about one origin fetch), then every x1.5 longer, from LEASE_POLL_MIN_S to
+# LEASE_POLL_MAX_S (a few in-region round trips), for at most lease_wait():
+# LEASE_WAIT_FACTOR x (the node's origin p90 + the tier's p90: the owner's fetch and
+# PUT) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as soon as a poll
+# finds the lease gone (the owner gave up), the waiter fetches from the origin itself:
+# a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
+# costs each concurrent waiter one lease_wait(), once: the block is written by them.
 LEASE_POLL_MIN_S = 0.01
-LEASE_POLL_MAX_S = 0.1
-LEASE_WAIT_FACTOR = 3.0
+LEASE_POLL_MAX_S = 0.2
+LEASE_WAIT_FACTOR = 2.0
 LEASE_WAIT_PAD_S = 0.2
-LEASE_WAIT_MIN_S = 0.5
-LEASE_WAIT_MAX_S = 5.0
-LEASE_TTL_S = 30.0
+LEASE_WAIT_MIN_S = 0.3
+LEASE_WAIT_MAX_S = 3.0
 
 
 def parse_shared_url(url: str) -> tuple[str, str]:
@@ -216,10 +232,10 @@ class _Failed(Exception):
 
 class SharedTier:
     """Trio-side shared tier for one mount.  ``get`` before the origin, ``fetched``
-    after it; ``run`` holds the write-through tasks."""
+    after it; ``run`` holds the write-through tasks and the breaker's probe."""
 
     def __init__(self, bucket: SharedBucket, source_id: str, key_prefix: str,
-                 block_size: int, *, leases: bool = True, origin_p90=None,
+                 block_size: int, *, leases: bool = True, origin_latency=None,
                  node_id: str | None = None):
         self.bucket = bucket
         self.url = f"s3://{bucket.bucket}/{bucket.prefix}"
@@ -227,14 +243,15 @@ class SharedTier:
         self.key_prefix = key_prefix
         self.block_size = block_size
         self.leases = leases
-        self.origin_p90 = origin_p90 or (lambda: 0.1)
+        # q -> the q-quantile of this node's recent origin fetch latencies (seconds)
+        self.origin_latency = origin_latency or (lambda q: 0.1)
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._failures = 0
-        self._down_until = 0.0
-        self._held: set[BlockKey] = set()       # leases we created
-        self._stale: set[BlockKey] = set()      # others' leases we gave up waiting on
+        self._answered = time.monotonic()        # the last answer, late ones included
+        self.down = False                        # breaker open: the tier is skipped
+        self._held: set[BlockKey] = set()       # leases we created, block not yet written
         self._send, self._recv = trio.open_memory_channel(WRITE_QUEUE_ENTRIES)
         self._nursery: trio.Nursery | None = None
         self.c = collections.Counter()           # the stats counters (snapshot())
@@ -274,58 +291,89 @@ class SharedTier:
                 exc = e
         log.warning("shared cache %s does not answer (%s); reading from the origin until "
                     "it does", self.url, exc)
-        self._down_until = time.monotonic() + BREAKER_OPEN_S
+        self.down = True
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as n:
             self._nursery = n
             for _ in range(WRITERS):
                 n.start_soon(self._writer)
+            n.start_soon(self._probe)
             task_status.started()
             await trio.sleep_forever()
 
+    async def _probe(self) -> None:
+        """While the breaker is open, ask the tier every BREAKER_OPEN_S (one GET of an
+        object that need not exist) and close the breaker when it answers."""
+        while True:
+            await trio.sleep(BREAKER_OPEN_S)
+            if not self.down:
+                continue
+            try:
+                await self._call(self.bucket.get, f"{LAYOUT}/probe", breaker=False)
+            except _Failed:
+                continue
+            self.down = False
+            self._failures = 0
+            log.warning("shared cache %s answers again", self.url)
+
     # -- requests --------------------------------------------------------------------
     def available(self) -> bool:
-        return time.monotonic() >= self._down_until
+        return not self.down
 
     def deadline(self) -> float:
         if len(self._lat) < LATENCY_MIN_SAMPLES:
-            return DEADLINE_MAX_S
+            return DEADLINE_COLD_S
         p90 = percentile(sorted(self._lat), 0.9)
         return min(DEADLINE_MAX_S, max(DEADLINE_MIN_S, DEADLINE_FACTOR * p90))
 
     def lease_wait(self) -> float:
-        return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S, LEASE_WAIT_FACTOR
-                                         * self.origin_p90() + LEASE_WAIT_PAD_S))
+        own = self.origin_latency(0.9) + self.deadline() / DEADLINE_FACTOR
+        return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S,
+                                         LEASE_WAIT_FACTOR * own + LEASE_WAIT_PAD_S))
 
-    async def _call(self, fn, *args, deadline: float | None = None):
+    async def _call(self, fn, *args, deadline: float | None = None, breaker: bool = True):
         """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
-        timeout (counted; feeds the breaker)."""
+        timeout (counted; with ``breaker``, a step toward opening it)."""
+        t0 = time.monotonic()
+
+        def timed():
+            out = fn(*args)
+            # also when the caller gave up (abandoned): the tier is slow, not dead
+            # (float stores and deque appends are atomic under the GIL)
+            self._answered = now = time.monotonic()
+            self._lat.append(now - t0)
+            return out
+
         with trio.move_on_after(deadline or self.deadline()):
             try:
-                out = await trio.to_thread.run_sync(fn, *args, limiter=self._threads,
+                out = await trio.to_thread.run_sync(timed, limiter=self._threads,
                                                     abandon_on_cancel=True)
             except BackendError as exc:
-                self._failed("error", exc)
+                self._failed("error", exc, breaker)
                 raise _Failed() from None
-            self._failures = 0
+            if breaker:
+                self._failures = 0
             return out
-        self._failed("timeout", None)
+        self._failed("timeout", None, breaker)
         raise _Failed()
 
-    def _failed(self, kind: str, exc: BaseException | None) -> None:
+    def _failed(self, kind: str, exc: BaseException | None, breaker: bool) -> None:
         self.c["shared_errors" if kind == "error" else "shared_timeouts"] += 1
+        why = exc or f"no answer within {self.deadline() * 1000:.0f} ms"
+        if not breaker:
+            log.debug("shared cache %s: %s", self.url, why)
+            return
         self._failures += 1
-        if self._failures >= BREAKER_FAILURES and self.available():
-            self._down_until = time.monotonic() + BREAKER_OPEN_S
+        silent = time.monotonic() - self._answered > BREAKER_SILENCE_S
+        if self._failures >= BREAKER_FAILURES and silent and not self.down:
+            self.down = True
             self.c["shared_breaker_trips"] += 1
             log.warning("shared cache %s: %d requests in a row failed (last: %s); reading "
-                        "from the origin for %.0f s", self.url, self._failures,
-                        exc or f"no answer within {self.deadline() * 1000:.0f} ms",
-                        BREAKER_OPEN_S)
+                        "from the origin until it answers again", self.url, self._failures,
+                        why)
         else:
-            log.debug("shared cache %s: %s (%s); %d threads busy", self.url, kind, exc,
-                      self._threads.borrowed_tokens)
+            log.debug("shared cache %s: %s", self.url, why)
 
     def _get_verified(self, bk: BlockKey, h: str, length: int) -> bytes | str | None:
         """(worker thread) The block's data if present and valid, None if absent, or
@@ -352,17 +400,14 @@ class SharedTier:
                       again: bool = False) -> bytes | None:
         """The block from the shared tier if there and valid, else None; _Failed.
         ``again``: a repeated look (a bad block was reported by the first)."""
-        t0 = time.monotonic()
         got = await self._call(self._get_verified, bk, h, length)
-        if isinstance(got, str) and again:
-            return None
         if isinstance(got, str):
-            self.c["shared_corrupt_blocks"] += 1
-            log.warning("shared cache: block %s of %s@%s #%d failed verification (%s): "
-                        "a miss; it will be overwritten", h, bk.key, bk.version, bk.index, got)
+            if not again:
+                self.c["shared_corrupt_blocks"] += 1
+                log.warning("shared cache: block %s of %s@%s #%d failed verification "
+                            "(%s): a miss; it will be overwritten", h, bk.key, bk.version,
+                            bk.index, got)
             return None
-        if got is not None:
-            self._lat.append(time.monotonic() - t0)
         return got
 
     # -- the read side ---------------------------------------------------------------
@@ -370,7 +415,7 @@ class SharedTier:
         """The block from the shared tier, or None: go to the origin (then call
         ``fetched``).  Never raises a domain error, never takes longer than the
         deadline per request (plus lease_wait() when another node is fetching it)."""
-        if not self.available():
+        if self.down:
             self.c["shared_skipped"] += 1
             return None
         h = self._hash(bk)
@@ -379,6 +424,9 @@ class SharedTier:
             if data is None and self.leases:
                 data = await self._lease_or_wait(bk, h, length)
         except _Failed:
+            data = None
+        except Exception:  # a bug here must cost a miss, not the read
+            log.exception("shared cache lookup of %s #%d failed", bk.key, bk.index)
             data = None
         if data is None:
             self.c["shared_misses"] += 1
@@ -389,49 +437,33 @@ class SharedTier:
 
     async def _lease_or_wait(self, bk: BlockKey, h: str, length: int) -> bytes | None:
         lease = json.dumps({"node": self.node_id, "t": time.time()}).encode()
-        try:
-            won = await self._call(self.bucket.put, self.lease_object(h), lease, True)
-        except _Failed:
-            self._stale.add(bk)     # it may have been created: delete it after the write
-            raise
-        if won:
+        if await self._call(self.bucket.put, self.lease_object(h), lease, True):
             self._held.add(bk)
             self.c["shared_leases"] += 1
-            # the previous owner may have written the block and dropped its lease
-            # between our lookup and our lease: look once more
-            data = await self._lookup(bk, h, length, again=True)
-            if data is not None:
-                self._release(bk)
-            return data
-        # another node holds it: is it alive?
+            return None
+        # another node is fetching it (or fetched it: the block may be there by now)
         self.c["shared_lease_waits"] += 1
         t0 = time.monotonic()
-        try:
-            held = await self._call(self.bucket.get, self.lease_object(h))
-            age = time.time() - float(json.loads(held)["t"]) if held else 0.0
-        except (ValueError, KeyError, TypeError):
-            age = LEASE_TTL_S + 1          # unreadable: treat as stale
-        if age > LEASE_TTL_S:
-            self.c["shared_lease_stale"] += 1
-            self._stale.add(bk)
-            return None
         deadline = t0 + self.lease_wait()
-        poll = LEASE_POLL_MIN_S
+        poll = max(LEASE_POLL_MIN_S, 0.5 * self.origin_latency(0.5))
+        n = 0
         try:
-            while time.monotonic() + poll < deadline:
+            while time.monotonic() + poll < deadline and not self.down:
                 await trio.sleep(poll)
                 poll = min(LEASE_POLL_MAX_S, poll * 1.5)
+                n += 1
                 try:
                     data = await self._lookup(bk, h, length, again=True)
-                except _Failed:         # one slow poll: keep waiting, unless the
-                    if not self.available():     # breaker says the tier is down
-                        raise
-                    continue
+                    if data is None and n % 3 == 0 and \
+                            await self._call(self.bucket.get, self.lease_object(h)) is None:
+                        self.c["shared_lease_dropped"] += 1
+                        return None           # the owner gave up: fetch it ourselves
+                except _Failed:
+                    continue                  # one slow poll: keep waiting
                 if data is not None:
                     self.c["shared_lease_wait_hits"] += 1
                     return data
             self.c["shared_lease_timeouts"] += 1
-            self._stale.add(bk)
             return None
         finally:
             self.c["shared_lease_wait_s"] += time.monotonic() - t0
@@ -439,17 +471,14 @@ class SharedTier:
     # -- the write side --------------------------------------------------------------
     def fetched(self, bk: BlockKey, data: bytes | None) -> None:
         """After the origin fetch for a block ``get`` missed: write it through (in the
-        background) or, when the fetch failed, give up any lease we hold."""
+        background) or, when the fetch failed or the write is skipped, drop our lease
+        so that waiting nodes need not wait it out."""
         leased = bk in self._held
         if data is None or self._nursery is None:
             self._release(bk)
             return
-        if not self.available():
-            self.c["shared_writes_skipped"] += 1
-            self._release(bk)
-            return
         limit = WRITE_QUEUE_MAX * (2 if leased else 1)
-        if self.queue_bytes + len(data) > limit:
+        if self.down or self.queue_bytes + len(data) > limit:
             self.c["shared_writes_skipped"] += 1
             self._release(bk)
             return
@@ -462,30 +491,31 @@ class SharedTier:
         self.queue_bytes += len(data)
 
     def _release(self, bk: BlockKey) -> None:
-        """Delete our lease (or a stale one) in the background, if there is one."""
-        if (bk in self._held or bk in self._stale) and self._nursery is not None:
-            self._nursery.start_soon(self._delete_lease, bk)
-        else:
+        """Delete our lease on ``bk`` (in the background), if we hold one."""
+        if bk in self._held:
             self._held.discard(bk)
-            self._stale.discard(bk)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._delete_lease, bk)
 
     async def _delete_lease(self, bk: BlockKey) -> None:
-        self._held.discard(bk)
-        self._stale.discard(bk)
         try:
-            await self._call(self.bucket.delete, self.lease_object(self._hash(bk)))
+            await self._call(self.bucket.delete, self.lease_object(self._hash(bk)),
+                             breaker=False)
         except _Failed:
-            pass     # the lease ages out (LEASE_TTL_S); waiters give up sooner anyway
+            pass     # waiters give up after lease_wait() anyway
 
     async def _writer(self) -> None:
         async for bk, data in self._recv:
+            ok = False
             try:
                 body = await trio.to_thread.run_sync(
                     lambda: pack(self._header(bk, data), data), limiter=self._threads)
                 await self._call(self.bucket.put, self.block_object(self._hash(bk)), body,
-                                 deadline=PUT_DEADLINE_S)
+                                 deadline=max(PUT_DEADLINE_S, self.deadline()),
+                                 breaker=False)
                 self.c["shared_writes"] += 1
                 self.c["shared_bytes_written"] += len(data)
+                ok = True
             except _Failed:
                 self.c["shared_write_errors"] += 1
             except Exception:  # a cache failure is never a reader's failure
@@ -493,19 +523,24 @@ class SharedTier:
                 self.c["shared_write_errors"] += 1
             finally:
                 self.queue_bytes -= len(data)
-            if bk in self._held or bk in self._stale:
-                await self._delete_lease(bk)
+            if ok:
+                # the lease stays: a node that missed just before this write finds it,
+                # waits, and reads the block on its first poll (deleting it would let
+                # that node take a new lease and fetch the block again)
+                self._held.discard(bk)
+            else:
+                self._release(bk)
 
     # -- stats -----------------------------------------------------------------------
     KEYS = ("shared_hits", "shared_misses", "shared_bytes_read", "shared_bytes_written",
             "shared_writes", "shared_write_errors", "shared_writes_skipped",
             "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
             "shared_breaker_trips", "shared_leases", "shared_lease_waits",
-            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_stale")
+            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_dropped")
 
     def snapshot(self) -> dict:
         out = {k: self.c[k] for k in self.KEYS}
-        out.update(shared_cache=self.url, shared_available=self.available(),
+        out.update(shared_cache=self.url, shared_available=not self.down,
                    shared_lease_wait_s=round(self.c["shared_lease_wait_s"], 3),
                    shared_write_queue_bytes=self.queue_bytes,
                    shared_deadline_ms=round(self.deadline() * 1000, 1))
@@ -522,7 +557,7 @@ def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str
     return f"file://{source}", ""
 
 
-def open_shared(cfg, backend, origin_p90) -> SharedTier:
+def open_shared(cfg, backend, origin_latency) -> SharedTier:
     """The shared tier a MountConfig asks for (``cfg.shared_cache`` is set)."""
     bucket, prefix = parse_shared_url(cfg.shared_cache)
     sb = SharedBucket(bucket, prefix, endpoint_url=cfg.shared_cache_endpoint,
@@ -530,4 +565,4 @@ def open_shared(cfg, backend, origin_p90) -> SharedTier:
                       profile=cfg.shared_cache_profile)
     source_id, key_prefix = source_identity(backend, cfg.endpoint_url, cfg.source)
     return SharedTier(sb, source_id, key_prefix, cfg.block_size,
-                      leases=cfg.shared_cache_leases, origin_p90=origin_p90)
+                      leases=cfg.shared_cache_leases, origin_latency=origin_latency)
