@@ -36,13 +36,14 @@ class _Source(socketserver.StreamRequestHandler):
                 left -= n
 
 
-class _Server(socketserver.ThreadingTCPServer):
+class QuietServer(socketserver.ThreadingTCPServer):
+    """A threaded TCP server for a test upstream (here and in tests/bench/test_wan.py)."""
     daemon_threads = True
     allow_reuse_address = True
 
     def handle_error(self, request, client_address):
-        """Quiet about a peer that went away (a reader that stops early resets its connection); socketserver's default prints a
-        traceback between lines of dashes into the test output."""
+        """Quiet about a peer that went away (a reader that stops early, a fault test's
+        reset): socketserver's default prints a traceback between lines of dashes."""
         if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
             super().handle_error(request, client_address)
 
@@ -68,7 +69,7 @@ def _pull(port: int, nbytes: int, out: list, idx: int) -> None:
 def measure(rtt_ms: float = 60.0, conns: int = 1, total_mb: float = 256,
             mbit: float | None = None) -> dict:
     """MB/s moving ``total_mb`` through the proxy split over ``conns`` connections."""
-    srv = _Server(("127.0.0.1", 0), _Source)
+    srv = QuietServer(("127.0.0.1", 0), _Source)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         with WanProxyProcess(f"127.0.0.1:{srv.server_address[1]}", rtt_ms=rtt_ms,

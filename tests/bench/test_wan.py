@@ -7,12 +7,12 @@ import socket
 import socketserver
 import statistics
 import struct
-import sys
 import threading
 import time
 
 import pytest
 
+from bench.ceiling import QuietServer
 from bench.wan import WanProxy, WanProxyProcess
 
 PATTERN = os.urandom(1 << 20)
@@ -56,20 +56,9 @@ class _Handler(socketserver.StreamRequestHandler):
             self.wfile.flush()
 
 
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def handle_error(self, request, client_address):
-        """Quiet about a peer that went away (the fault tests reset connections on purpose); socketserver's default prints a
-        traceback between lines of dashes into the test output."""
-        if not isinstance(sys.exc_info()[1], (ConnectionError, BrokenPipeError)):
-            super().handle_error(request, client_address)
-
-
 @pytest.fixture(scope="module")
 def upstream():
-    srv = _Server(("127.0.0.1", 0), _Handler)
+    srv = QuietServer(("127.0.0.1", 0), _Handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield f"127.0.0.1:{srv.server_address[1]}"
