@@ -16,8 +16,9 @@ will read it.  When the next epoch's order is already known -- a sampler with
 is -- the hints go on with it (``lookahead_epochs``), so the mount starts on the next
 epoch's first files while this one ends, and the epoch boundary does not stall.  With a
 shared tier (``--shared-cache``) these prefetches read what other ranks already fetched
-from the in-region bucket and go to the origin only for what no node has.  A failure to publish (not a NeuralCache mount, a refused hint) is a
-warning, never an error: training goes on without hints.  torch is optional: this
+from the in-region bucket and go to the origin only for what no node has.  A failure to
+publish (not a NeuralCache mount, a refused hint) is a warning, never an error:
+training goes on without hints.  torch is optional: this
 module imports it only when the wrapper is built.
 """
 from __future__ import annotations

@@ -21,10 +21,10 @@ Failure is a miss, never a failed read, and slowness costs a bounded wait: every
 request runs in a worker thread under a deadline (``deadline()``: DEADLINE_FACTOR x the
 p90 of recent requests, within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error of
 a read is a miss and counts toward a breaker that, after BREAKER_FAILURES in a row and
-BREAKER_SILENCE_S without any answer, skips the tier (lookups are misses at once, nothing is written) while a background
-probe asks it every BREAKER_OPEN_S, closing the breaker by itself when it answers.  So
-a tier that stalls costs the reads of about BREAKER_SILENCE_S one deadline each, then
-nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
+BREAKER_SILENCE_S without any answer, skips the tier (lookups are misses at once,
+nothing is written) while a background probe asks it every BREAKER_OPEN_S, closing the
+breaker by itself when it answers.  So a tier that stalls costs the reads of about
+BREAKER_SILENCE_S one deadline each, then nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
 in the p90) up to DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
@@ -123,9 +123,9 @@ WRITERS = 4
 # owner needs about one origin fetch), then every x1.5 longer, from LEASE_POLL_MIN_S to
 # LEASE_POLL_MAX_S (a few in-region round trips), for at most lease_wait():
 # LEASE_WAIT_FACTOR x (the node's origin p90 + the tier's p90: the owner's fetch and
-# PUT) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as soon as a poll
-# finds the lease gone (the owner gave up), the waiter fetches from the origin itself:
-# a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
+# PUT) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
+# soon as a poll finds the lease gone (the owner gave up), the waiter fetches from the
+# origin itself: a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
 # costs each concurrent waiter one lease_wait(), once: the block is written by them.
 LEASE_POLL_MIN_S = 0.01
 LEASE_POLL_MAX_S = 0.2
