@@ -21,10 +21,10 @@ Failure is a miss, never a failed read, and slowness costs a bounded wait: every
 request runs in a worker thread under a deadline (``deadline()``: DEADLINE_FACTOR x the
 p90 of recent requests, within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error of
 a read is a miss and counts toward a breaker that, after BREAKER_FAILURES in a row and
-BREAKER_SILENCE_S without any answer, skips the tier (lookups are misses at once,
-nothing is written) while a background probe asks it every BREAKER_OPEN_S, closing the
-breaker by itself when it answers.  So a tier that stalls costs the reads of about
-BREAKER_SILENCE_S one deadline each, then nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
+BREAKER_SILENCE deadlines without any answer, skips the tier (lookups are misses at
+once, nothing is written) while a background probe asks it every BREAKER_OPEN_S,
+closing the breaker by itself when it answers.  So a tier that stalls costs the reads
+of about BREAKER_SILENCE deadlines one deadline each, then nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
 in the p90) up to DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
@@ -55,6 +55,7 @@ import logging
 import os
 import socket
 import struct
+import threading
 import time
 import uuid
 
@@ -99,14 +100,15 @@ MOUNT_CHECK_S = 3.0
 # timeouts are write errors, not breaker failures (no reader waits on them).
 PUT_DEADLINE_S = DEADLINE_MAX_S
 # Breaker: after BREAKER_FAILURES failed or timed-out reads in a row, when nothing at
-# all has come back from the tier for BREAKER_SILENCE_S (late answers count: a tier in
-# a load spike is slow, not dead, and its requests time out together), the tier is
-# skipped (lookups are misses, nothing is written) and a background probe (one small
-# GET) asks it every BREAKER_OPEN_S until it answers -- recovery by itself, no reader
-# pays for the probe.  3 keeps one slow request from switching the tier off; 1 s of
-# silence is several deadlines of a healthy tier; 5 s is a few training steps.
+# all has come back from the tier for BREAKER_SILENCE deadlines (late answers count: a
+# tier in a load spike is slow, not dead, and its requests time out together), the
+# tier is skipped (lookups are misses, nothing is written) and a background probe (one
+# small GET) asks it every BREAKER_OPEN_S until it answers -- recovery by itself, no
+# reader pays for the probe.  3 keeps one slow request from switching the tier off; 2
+# deadlines of silence is 8 x the p90 of the tier's answers; 5 s is a few training
+# steps.
 BREAKER_FAILURES = 3
-BREAKER_SILENCE_S = 1.0
+BREAKER_SILENCE = 2.0
 BREAKER_OPEN_S = 5.0
 # Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
 # (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
@@ -248,8 +250,10 @@ class SharedTier:
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
+        self._lat_lock = threading.Lock()
         self._failures = 0
-        self._answered = time.monotonic()        # the last answer, late ones included
+        self._answered = 0.0                     # the last answer, late ones included
+        self._asked = 0.0                        # the first request after that answer
         self.down = False                        # breaker open: the tier is skipped
         self._held: set[BlockKey] = set()       # leases we created, block not yet written
         self._send, self._recv = trio.open_memory_channel(WRITE_QUEUE_ENTRIES)
@@ -322,9 +326,11 @@ class SharedTier:
         return not self.down
 
     def deadline(self) -> float:
-        if len(self._lat) < LATENCY_MIN_SAMPLES:
+        with self._lat_lock:      # worker threads append; the metrics thread reads too
+            lat = sorted(self._lat)
+        if len(lat) < LATENCY_MIN_SAMPLES:
             return DEADLINE_COLD_S
-        p90 = percentile(sorted(self._lat), 0.9)
+        p90 = percentile(lat, 0.9)
         return min(DEADLINE_MAX_S, max(DEADLINE_MIN_S, DEADLINE_FACTOR * p90))
 
     def lease_wait(self) -> float:
@@ -336,13 +342,15 @@ class SharedTier:
         """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
         timeout (counted; with ``breaker``, a step toward opening it)."""
         t0 = time.monotonic()
+        if self._asked < self._answered:     # the first request since the last answer
+            self._asked = t0
 
         def timed():
             out = fn(*args)
             # also when the caller gave up (abandoned): the tier is slow, not dead
-            # (float stores and deque appends are atomic under the GIL)
-            self._answered = now = time.monotonic()
-            self._lat.append(now - t0)
+            with self._lat_lock:
+                self._answered = now = time.monotonic()
+                self._lat.append(now - t0)
             return out
 
         with trio.move_on_after(deadline or self.deadline()):
@@ -365,7 +373,9 @@ class SharedTier:
             log.debug("shared cache %s: %s", self.url, why)
             return
         self._failures += 1
-        silent = time.monotonic() - self._answered > BREAKER_SILENCE_S
+        # how long we have been asking without hearing anything back
+        silent = (time.monotonic() - max(self._answered, self._asked)
+                  > BREAKER_SILENCE * self.deadline())
         if self._failures >= BREAKER_FAILURES and silent and not self.down:
             self.down = True
             self.c["shared_breaker_trips"] += 1
