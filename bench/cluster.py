@@ -15,6 +15,7 @@ base+VOLUME_SERVERS+1 = filer, +2 = s3.
         c.endpoint              # through the 1 ms proxy (c.direct_endpoint: not)
         c.client()              # boto3 client with the cluster's credentials
         c.kill_volume(0)        # SIGKILL one volume server (c.start_volume(0) again)
+        c.kill_s3()             # SIGKILL the S3 gateway (c.start_s3() again)
         c.proxy.stats()         # the proxy's byte counters
 
 ``python -m bench.cluster DIR`` runs one until Ctrl-C.
@@ -85,6 +86,24 @@ class SeaweedCluster(SeaweedServer):
         """SIGKILL volume server ``i`` (a crash: no goodbye to the master)."""
         self._kill(f"volume{i}", signal.SIGKILL)
 
+    def _spawn_s3(self) -> None:
+        self._spawn("s3", ["s3", *self._common(self.s3_port),
+                           f"-filer=127.0.0.1:{self.filer_port}",
+                           f"-config={self.workdir / 's3.json'}",
+                           "-port.iceberg=0", "-port.lance=0"])
+        self.proc = self.procs["s3"]      # what SeaweedServer._wait_ready watches
+
+    def kill_s3(self) -> None:
+        """SIGKILL the S3 gateway (the tier is down: connections are refused; the proxy
+        in front, if any, stays up).  ``start_s3()`` brings it back on the same port."""
+        self._kill("s3", signal.SIGKILL)
+        self.proc = None
+
+    def start_s3(self) -> None:
+        """Start the S3 gateway again (after ``kill_s3``) and wait until it serves."""
+        self._spawn_s3()
+        self._wait_ready()
+
     def start(self) -> "SeaweedCluster":
         """Start every process and wait until a bucket create + put succeeds.  If a
         process exits meanwhile (seen: a port taken between free_port_block's check and
@@ -99,7 +118,7 @@ class SeaweedCluster(SeaweedServer):
 
     def _start(self) -> "SeaweedCluster":
         self.workdir.mkdir(parents=True, exist_ok=True)
-        cfg = self.write_s3_config()
+        self.write_s3_config()
         (self.workdir / "master").mkdir(exist_ok=True)
         (self.workdir / "filer").mkdir(exist_ok=True)
         master = f"127.0.0.1:{self.master_port}"
@@ -113,10 +132,7 @@ class SeaweedCluster(SeaweedServer):
             self._spawn("filer", ["filer", *self._common(self.filer_port),
                                   f"-master={master}", f"-defaultReplicaPlacement={REPLICATION}",
                                   f"-defaultStoreDir={self.workdir / 'filer'}"])
-            self._spawn("s3", ["s3", *self._common(self.s3_port),
-                               f"-filer=127.0.0.1:{self.filer_port}", f"-config={cfg}",
-                               "-port.iceberg=0", "-port.lance=0"])
-            self.proc = self.procs["s3"]      # what SeaweedServer._wait_ready watches
+            self._spawn_s3()
             try:
                 self._wait_ready()
             except RuntimeError as exc:

@@ -1,31 +1,56 @@
-"""Many nodes, one dataset: WAN bytes and per-node throughput with and without the shared
-tier (issue 13).
+"""Many nodes, one dataset (issue 13): WAN bytes, per-node throughput, faults and one
+checkpoint loaded by every node, with and without the shared tier.
 
+    python -m bench run --scenario multinode [--quick] [--out DIR]     # the issue's table
     python -m bench.multinode [--nodes 4] [--epochs 3] [--files 64] [--file-kb 512]
-                              [--ckpt-mb 32] [--rtt-ms 60] [--out FILE.json]
+                              [--ckpt-mb 128] [--rtt-ms 60] [--systems rclone,s3fs]
+                              [--out FILE.json]
 
-The origin is an all-in-one SeaweedFS (``SeaweedServer``) behind the WAN proxy
-(--rtt-ms); the shared tier a SeaweedFS cluster (``SeaweedCluster``: master, 3 volume
-servers with replication, filer, S3 gateway) behind a 1 ms proxy.  A "node" is a
-NeuralCache mount with its own cache directory, disk and memory caches of
-``CACHE_MB`` each -- smaller than one node's share of an epoch, so a node cannot keep
-what it read -- and 1 MiB blocks (the small default sizes still give a checkpoint
-several blocks per node).  Each epoch every node reads its DistributedSampler-style share
-(a permutation seeded by the epoch, every ``nodes``-th file from ``rank``) with
+One implementation, two ways in.  As the ``multinode`` scenario of ``python -m bench
+run`` it reuses the runner's origin -- its SeaweedFS (``ctx.seaweed``, bucket
+``multinode``) behind its WAN proxy (``ctx.proxy``, the run's --rtt-ms and link faults),
+whose byte counter is the WAN bytes -- and its systems (``bench/systems.py``: rclone and
+s3fs mounted as in the main bench, one per node).  ``python -m bench.multinode`` starts
+its own SeaweedFS and WAN proxy the same way and runs the same ``measure``.  The shared
+tier is always this module's own SeaweedFS *cluster* (``bench/cluster.py``: master,
+3 volume servers with replication 001, filer, S3 gateway, each a process) behind a 1 ms
+proxy.
+
+A "node" is a mount with its own cache directory: NeuralCache with disk and memory
+caches of ``CACHE_MB`` each -- below one node's share of an epoch (64 x 512 KiB / 4 =
+8 MiB), so a node cannot keep what it read -- and 1 MiB blocks (a 512 KiB file is one
+block; the checkpoint many).  Each epoch every node reads its DistributedSampler-style
+share (a permutation seeded by the epoch, every ``nodes``-th file from ``rank``) with
 ``READERS`` threads, after publishing that order and the next epoch's as hints (what
-``HintingSampler`` does); every file is checked against its xxh3.  Nodes run each epoch
-at the same time; the WAN proxy's byte counter is read between epochs.
+``HintingSampler`` does; not for rclone/s3fs); every file is checked against its xxh3
+and a failed read is counted, not raised.  The nodes run each epoch at the same time;
+the WAN proxy's byte counter is read between epochs.
 
-Rows: the in-region and WAN link ceilings for one node's share (boto3 GETs, READERS
-threads); per epoch, WAN bytes / dataset and the slowest node's MB/s, without and with
-``--shared-cache``; and one checkpoint file loaded by one node alone and by all nodes at
-once (with the shared tier, with it but leases off, without it): origin bytes /
-checkpoint and the slowest node's load time.
+Measured, in this order:
+
+* links: one node's share fetched with boto3 (READERS GETs at a time) from the shared
+  cluster through its 1 ms proxy -- one node alone, and all nodes at once (the
+  *in-region link* row: the mean per node; epochs 2-3 are compared with it) -- and
+  from the origin through the WAN proxy, one node alone;
+* 4 NeuralCache nodes without ``--shared-cache``, 3 epochs;
+* 4 nodes with it, 3 epochs, then the same nodes go on: epoch 4 kills volume server 0
+  (SIGKILL) when half of the epoch's reads are done (it is restarted after the epoch);
+  epoch 5 kills the cluster's S3 gateway at half-way; epoch 6 runs with the tier down;
+  then the gateway is started again, the nodes are watched until each reports
+  ``shared_available`` (nothing is done to them) and epoch 7 runs;
+* 4 rclone and 4 s3fs nodes (each alone: no shared tier), 3 epochs, WAN bytes from the
+  proxy's counter;
+* one checkpoint file (the shards-like case: one file of many blocks) loaded by one
+  node alone, then by 4 at once: with the shared tier, with it but leases off, without.
+
+``table()`` prints it all with the issue's targets and whether each is met.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -35,12 +60,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import xxhash
 
 from .cluster import SeaweedCluster
 from .ncmount import mounted, stats
 from .seaweed import SeaweedServer
+from .systems import Mounted, MountOptions, SystemEnv, abort_mount, make_system
 from .wan import WanProxyProcess
 
 MB = 1 << 20
@@ -50,13 +77,55 @@ READERS = 4
 # default sizes (64 x 512 KiB / 4 nodes = 8 MiB), so re-reads cannot come from the node.
 CACHE_MB = 4
 BLOCK = "1M"
-# Counters summed over the nodes per epoch (results.json only).
+# Counters summed over the nodes per epoch (results JSON).
 DELTAS = ("shared_hits", "shared_misses", "shared_leases", "shared_lease_waits",
           "shared_lease_wait_s", "shared_lease_timeouts", "shared_lease_dropped",
-          "shared_timeouts", "shared_breaker_trips", "shared_skipped",
-          "shared_writes_skipped", "shared_write_errors", "bytes_fetched")
+          "shared_errors", "shared_timeouts", "shared_breaker_trips", "shared_skipped",
+          "shared_writes", "shared_writes_skipped", "shared_write_errors",
+          "shared_corrupt_blocks", "bytes_fetched", "read_errors")
 ORIGIN_BUCKET = "multinode"
 SHARED_BUCKET = "multinode-shared"
+LINK_BUCKET = "multinode-link"          # the dataset as plain objects on the cluster
+# A phase (one epoch, one checkpoint load) that runs longer than this gets its mounts
+# aborted (hung reads fail and are counted), so the run goes on.
+PHASE_TIMEOUT_S = 300.0
+# How long the nodes may take to use the tier again after it is back (their probe asks
+# every 5 s).
+RECOVERY_WAIT_S = 60.0
+
+# The issue's targets.
+TARGET_WAN_X = 1.1             # WAN bytes over 3 epochs / dataset, with the shared tier
+TARGET_LINK_X = 0.9            # slowest node's MB/s in epochs 2-3 / in-region link
+TARGET_CKPT_ORIGIN_X = 1.2     # origin bytes / checkpoint, 4 nodes at once
+TARGET_CKPT_TIME_X = 1.3       # slowest node's load time / one node alone
+TARGET_DOWN_X = 0.9            # "single-node speed": tier down vs without the tier
+
+LABELS = {"without": "4x neuralcache", "with": "4x nc --shared-cache",
+          "rclone": "4x rclone", "s3fs": "4x s3fs"}
+
+
+@dataclasses.dataclass
+class Params:
+    nodes: int = 4
+    epochs: int = 3
+    files: int = 64
+    file_kb: int = 512
+    ckpt_mb: int = 128
+    seed: int = 0
+    rtt_ms: float = 60.0
+    others: tuple = ("rclone", "s3fs")      # comparison systems, each node alone
+
+
+@dataclasses.dataclass
+class Setup:
+    """Where ``measure`` runs: the origin server, the WAN proxy in front of it, the
+    systems' environment (rclone, s3fs) and scratch space."""
+
+    work: Path
+    origin: SeaweedServer
+    wan: WanProxyProcess
+    sys_env: SystemEnv
+    log: Callable[[str], None]
 
 
 def make_files(n: int, size: int, seed: int) -> dict[str, bytes]:
@@ -71,38 +140,49 @@ def share(files: list[str], epoch: int, rank: int, nodes: int, seed: int) -> lis
     return perm[rank::nodes]
 
 
-def read_files(root: Path, order: list[str], digests: dict[str, str]) -> tuple[int, int]:
-    """Read ``order`` with READERS threads; (bytes, files whose xxh3 did not match)."""
-    def one(rel):
-        data = (root / rel).read_bytes()
-        return len(data), xxhash.xxh3_64_hexdigest(data) != digests[rel]
-
+def link_rate(s3, bucket: str, keys: list[str]) -> float:
+    """MB/s of GETs of ``keys`` with ``s3``, READERS at a time (connections opened
+    first)."""
     with cf.ThreadPoolExecutor(READERS) as pool:
-        res = list(pool.map(one, order))
-    return sum(n for n, _ in res), sum(bad for _, bad in res)
-
-
-def link_rate(endpoint: str, server: SeaweedServer, keys: list[str]) -> float:
-    """MB/s of GETs of ``keys`` through ``endpoint``, READERS at a time (connections
-    opened first)."""
-    s3 = server.client(endpoint)
-    with cf.ThreadPoolExecutor(READERS) as pool:
-        list(pool.map(lambda _: s3.head_bucket(Bucket=ORIGIN_BUCKET), range(READERS)))
+        list(pool.map(lambda _: s3.head_bucket(Bucket=bucket), range(READERS)))
         t0 = time.monotonic()
-        n = sum(pool.map(lambda k: len(s3.get_object(Bucket=ORIGIN_BUCKET, Key=k)["Body"]
-                                      .read()), keys))
+        n = sum(pool.map(lambda k: len(s3.get_object(Bucket=bucket, Key=k)["Body"].read()),
+                         keys))
     return n / (time.monotonic() - t0) / 1e6
 
 
+@contextlib.contextmanager
+def guard(roots: list[Path], what: str, log: Callable[[str], None]):
+    """Abort the mounts at ``roots`` if the phase runs past PHASE_TIMEOUT_S."""
+    def fire():
+        log(f"multinode: {what} ran past {PHASE_TIMEOUT_S:.0f} s: aborting its mounts")
+        for r in roots:
+            with contextlib.suppress(Exception):
+                abort_mount(Mounted("node", r, True, info={"fuse_dev": os.stat(r).st_dev}))
+    t = threading.Timer(PHASE_TIMEOUT_S, fire)
+    t.daemon = True
+    t.start()
+    try:
+        yield
+    finally:
+        t.cancel()
+
+
 class Bench:
-    def __init__(self, work: Path, a: argparse.Namespace, origin: SeaweedServer,
-                 wan: WanProxyProcess, cluster: SeaweedCluster):
-        self.work, self.a, self.origin, self.wan, self.cluster = work, a, origin, wan, cluster
-        self.env = dict(os.environ, **origin.env())
+    def __init__(self, s: Setup, p: Params, cluster: SeaweedCluster,
+                 files: dict[str, bytes]):
+        self.s, self.p, self.cluster, self.files = s, p, cluster, files
+        self.digests = {k: xxhash.xxh3_64_hexdigest(v) for k, v in files.items()}
+        self.total = sum(map(len, files.values()))
+        self.env = dict(os.environ, **s.origin.env())
         self.runs = 0
 
+    def wan_down(self) -> int:
+        return self.s.wan.stats()["bytes_down"]
+
+    # -- nodes -------------------------------------------------------------------------
     def mount_args(self, shared: str | None, leases: bool = True) -> list[str]:
-        args = ["--endpoint-url", self.wan.endpoint, "--block-size", BLOCK,
+        args = ["--endpoint-url", self.s.wan.endpoint, "--block-size", BLOCK,
                 "--cache-size", f"{CACHE_MB}M", "--memory-cache-size", f"{CACHE_MB}M"]
         if shared:
             args += ["--shared-cache", f"s3://{SHARED_BUCKET}/{shared}",
@@ -111,68 +191,167 @@ class Bench:
                 args += ["--shared-cache-leases", "off"]
         return args
 
-    def nodes(self, n: int, shared: str | None, leases: bool = True):
-        """Context manager: ``n`` fresh mounts (own cache directories)."""
-        import contextlib
-
+    @contextlib.contextmanager
+    def nc_nodes(self, n: int, shared: str | None, leases: bool = True):
+        """``n`` fresh NeuralCache mounts (own cache directories): [(root, stats_fn)]."""
         self.runs += 1
-        stack = contextlib.ExitStack()
-        mps = []
-        for r in range(n):
-            d = self.work / f"run{self.runs}" / f"node{r}"
-            mps.append(stack.enter_context(mounted(
-                f"s3://{ORIGIN_BUCKET}", d / "mnt", "--cache-dir", d / "cache",
-                *self.mount_args(shared, leases), env=self.env)))
-        return stack, mps
+        with contextlib.ExitStack() as stack:
+            nodes = []
+            for r in range(n):
+                d = self.s.work / f"run{self.runs}" / f"node{r}"
+                root = stack.enter_context(mounted(
+                    f"s3://{ORIGIN_BUCKET}", d / "mnt", "--cache-dir", d / "cache",
+                    *self.mount_args(shared, leases), env=self.env))
+                nodes.append((root, lambda root=root: stats(root)))
+            yield nodes
 
-    def wan_down(self) -> int:
-        return self.wan.stats()["bytes_down"]
+    @contextlib.contextmanager
+    def system_nodes(self, system: str, n: int):
+        """``n`` fresh mounts of rclone or s3fs (bench/systems.py), each its own cache."""
+        opts = MountOptions(cache_mb=CACHE_MB, memory_cache_mb=CACHE_MB)
+        with contextlib.ExitStack() as stack:
+            nodes = []
+            for r in range(n):
+                env = dataclasses.replace(self.s.sys_env,
+                                          work_dir=self.s.work / f"{system}{r}")
+                m = stack.enter_context(make_system(system, env).open(opts))
+                nodes.append((m.root, None))
+            yield nodes
 
-    def epochs(self, files: dict[str, bytes], digests: dict[str, str],
-               shared: str | None) -> list[dict]:
+    # -- one epoch on every node at once -----------------------------------------------
+    def epoch(self, nodes, epoch: int, hints: bool,
+              midway: Callable[[], None] | None = None) -> dict:
+        """Every node reads its share of ``epoch``; ``midway()`` runs (in its own thread)
+        once half of all reads are done."""
         from neuralcache.hints import publish_order
 
-        a = self.a
-        total = sum(map(len, files.values()))
+        n = len(nodes)
+        names = list(self.files)
+        orders = [share(names, epoch, r, n, self.p.seed) for r in range(n)]
+        half = sum(map(len, orders)) // 2
+        lock = threading.Lock()
+        done = [0]
+        fault: dict = {}
+        res = [None] * n
+
+        def one(root, rel):
+            try:
+                data = (root / rel).read_bytes()
+            except OSError as exc:
+                out = (0, 0, 1, f"{rel}: {exc}")
+            else:
+                out = (len(data), int(xxhash.xxh3_64_hexdigest(data) != self.digests[rel]),
+                       0, None)
+            with lock:
+                done[0] += 1
+                go = midway is not None and not fault and done[0] >= half
+                if go:
+                    fault["t"] = time.monotonic()
+            if go:
+                th = threading.Thread(target=self._fault, args=(midway, fault))
+                fault["thread"] = th
+                th.start()
+            return out
+
+        def node(r):
+            root = nodes[r][0]
+            t0 = time.monotonic()
+            try:
+                if hints:
+                    nxt = share(names, epoch + 1, r, n, self.p.seed)
+                    publish_order(str(root), orders[r] + nxt)
+                with cf.ThreadPoolExecutor(READERS) as pool:
+                    got = list(pool.map(lambda rel: one(root, rel), orders[r]))
+            except Exception as exc:     # counted as every read of the node failing
+                got = [(0, 0, 1, f"{type(exc).__name__}: {exc}")] * len(orders[r])
+            dt = max(time.monotonic() - t0, 1e-6)
+            res[r] = {"bytes": sum(g[0] for g in got), "seconds": dt,
+                      "wrong": sum(g[1] for g in got), "errors": sum(g[2] for g in got),
+                      "first_error": next((g[3] for g in got if g[3]), None)}
+
+        w0 = self.wan_down()
+        s0 = [f() if f else {} for _, f in nodes]
+        t0 = time.monotonic()
+        with guard([root for root, _ in nodes], f"epoch {epoch}", self.s.log):
+            threads = [threading.Thread(target=node, args=(r,)) for r in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        wall = time.monotonic() - t0
+        if fault.get("thread"):
+            fault["thread"].join()
+        s1 = [f() if f else {} for _, f in nodes]
+        mbps = [x["bytes"] / x["seconds"] / 1e6 for x in res]
+        out = {"epoch": epoch + 1, "wan_bytes": self.wan_down() - w0, "wall_s": wall,
+               "bytes": sum(x["bytes"] for x in res), "reads": sum(map(len, orders)),
+               "failed": sum(x["errors"] for x in res),
+               "verify_errors": sum(x["wrong"] for x in res),
+               "first_error": next((x["first_error"] for x in res if x["first_error"]), None),
+               "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps}
+        out["wan_x"] = out["wan_bytes"] / self.total
+        if any(s1):
+            out.update({k: round(sum(b.get(k, 0) - a.get(k, 0) for a, b in zip(s0, s1)), 3)
+                        for k in DELTAS})
+            out["shared_available"] = [s.get("shared_available") for s in s1]
+        if "t" in fault:
+            out["fault_at_s"] = round(fault["t"] - t0, 2)
+            out["fault_took_s"] = round(fault.get("took", 0), 2)
+            if "error" in fault:
+                out["fault_error"] = fault["error"]
+        return out
+
+    @staticmethod
+    def _fault(fn, fault: dict) -> None:
+        t = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:     # the measurement says so; the epoch goes on
+            fault["error"] = f"{type(exc).__name__}: {exc}"
+        fault["took"] = time.monotonic() - t
+
+    def epochs(self, nodes, hints: bool, label: str) -> list[dict]:
         rows = []
-        stack, mps = self.nodes(a.nodes, shared)
-        with stack:
-            for epoch in range(a.epochs):
-                w0 = self.wan_down()
-                s0 = [stats(m) for m in mps]
-                times = [0.0] * a.nodes
-                bad = [0] * a.nodes
-
-                def run(rank):
-                    order = share(list(files), epoch, rank, a.nodes, a.seed)
-                    nxt = share(list(files), epoch + 1, rank, a.nodes, a.seed)
-                    t0 = time.monotonic()
-                    publish_order(str(mps[rank]), order + nxt)
-                    n, bad[rank] = read_files(mps[rank], order, digests)
-                    times[rank] = n / (time.monotonic() - t0) / 1e6
-
-                threads = [threading.Thread(target=run, args=(r,)) for r in range(a.nodes)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                s1 = [stats(m) for m in mps]
-                rows.append({"epoch": epoch + 1, "wan_x": (self.wan_down() - w0) / total,
-                             "min_mbps": min(times), "mean_mbps": sum(times) / len(times),
-                             "verify_errors": sum(bad),
-                             **{k: round(sum(b.get(k, 0) - a0.get(k, 0)
-                                             for a0, b in zip(s0, s1)), 3)
-                                for k in DELTAS}})
-            st = [stats(m) for m in mps]
-        rows.append({"epoch": "all", "wan_x": sum(r["wan_x"] for r in rows),
-                     "shared_hits": sum(s.get("shared_hits", 0) for s in st),
-                     "read_errors": sum(s["read_errors"] for s in st)})
+        for e in range(self.p.epochs):
+            self.s.log(f"multinode: {label}, epoch {e + 1}")
+            rows.append(self.epoch(nodes, e, hints))
         return rows
+
+    # -- the runs ---------------------------------------------------------------------
+    def with_shared(self) -> tuple[list[dict], dict]:
+        """3 epochs with the tier, then the faults on the same nodes."""
+        c = self.cluster
+        faults: dict = {}
+        with self.nc_nodes(self.p.nodes, "epochs") as nodes:
+            rows = self.epochs(nodes, True, "with --shared-cache")
+            e = self.p.epochs
+            self.s.log("multinode: volume server 0 killed mid-epoch")
+            faults["volume_killed"] = self.epoch(nodes, e, True,
+                                                 midway=lambda: c.kill_volume(0))
+            c.start_volume(0)
+            self.s.log("multinode: S3 gateway killed mid-epoch")
+            faults["gateway_killed"] = self.epoch(nodes, e + 1, True, midway=c.kill_s3)
+            self.s.log("multinode: an epoch with the tier down")
+            faults["tier_down"] = self.epoch(nodes, e + 2, True)
+            t0 = time.monotonic()
+            c.start_s3()
+            t_back = time.monotonic()
+            faults["gateway_restart_s"] = round(t_back - t0, 2)
+            recovered = None
+            while time.monotonic() - t_back < RECOVERY_WAIT_S:
+                if all(f().get("shared_available") for _, f in nodes):
+                    recovered = round(time.monotonic() - t_back, 2)
+                    break
+                time.sleep(0.2)
+            faults["recovered_after_s"] = recovered
+            self.s.log(f"multinode: gateway back; nodes use the tier again after "
+                       f"{recovered} s; one more epoch")
+            faults["after_recovery"] = self.epoch(nodes, e + 3, True)
+        return rows, faults
 
     def checkpoint(self, key: str, digest: str, size: int, n: int, shared: str | None,
                    leases: bool = True) -> dict:
-        stack, mps = self.nodes(n, shared, leases)
-        with stack:
+        with self.nc_nodes(n, shared, leases) as nodes:
             w0 = self.wan_down()
             times = [0.0] * n
             ok = [False] * n
@@ -180,106 +359,307 @@ class Bench:
             def load(r):
                 t0 = time.monotonic()
                 h = xxhash.xxh3_64()
-                with open(mps[r] / key, "rb", buffering=0) as f:
-                    while b := f.read(MB):
-                        h.update(b)
+                try:
+                    with open(nodes[r][0] / key, "rb", buffering=0) as f:
+                        while b := f.read(MB):
+                            h.update(b)
+                except OSError:
+                    pass
                 times[r] = time.monotonic() - t0
                 ok[r] = h.hexdigest() == digest
 
-            threads = [threading.Thread(target=load, args=(r,)) for r in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            with guard([root for root, _ in nodes], "checkpoint load", self.s.log):
+                threads = [threading.Thread(target=load, args=(r,)) for r in range(n)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
             wan = self.wan_down() - w0
-            st = [stats(m) for m in mps]
+            st = [f() for _, f in nodes]
         return {"nodes": n, "origin_x": wan / size, "max_s": max(times),
-                "mean_s": sum(times) / n, "verify_errors": ok.count(False),
+                "mean_s": sum(times) / n, "times_s": times, "verify_errors": ok.count(False),
                 "fetched_x": sum(s["bytes_fetched"] for s in st) / size,
+                "read_errors": sum(s.get("read_errors", 0) for s in st),
                 "lease_waits": sum(s.get("shared_lease_waits", 0) for s in st)}
 
 
-def run(a: argparse.Namespace) -> dict:
-    work = Path(tempfile.mkdtemp(prefix="nc-multinode-"))
-    files = make_files(a.files, a.file_kb << 10, a.seed)
-    digests = {k: xxhash.xxh3_64_hexdigest(v) for k, v in files.items()}
-    ckpt = random.Random(a.seed).randbytes(a.ckpt_mb * MB)
+def summarize(rows: list[dict], epochs: int) -> dict:
+    """The 'all' line of a 3-epoch run: WAN over the first ``epochs`` epochs."""
+    first = rows[:epochs]
+    return {"epoch": "all", "wan_x": sum(r["wan_x"] for r in first),
+            "reads": sum(r["reads"] for r in first),
+            "failed": sum(r["failed"] for r in first),
+            "verify_errors": sum(r["verify_errors"] for r in first),
+            "shared_hits": sum(r.get("shared_hits", 0) for r in first)}
+
+
+def measure(s: Setup, p: Params) -> dict:
+    """Everything in the module docstring; the result as one dict (``table()``)."""
+    files = make_files(p.files, p.file_kb << 10, p.seed)
+    ckpt = random.Random(p.seed + 1).randbytes(p.ckpt_mb * MB)
     ck_key, ck_digest = "ckpt/model.bin", xxhash.xxh3_64_hexdigest(ckpt)
-    out: dict = {"args": vars(a), "dataset_bytes": sum(map(len, files.values()))}
-    origin = SeaweedServer(work / "origin")
-    cluster = SeaweedCluster(work / "cluster", proxy_rtt_ms=1)
-    wan = near = None
+    out: dict = {"params": dataclasses.asdict(p), "dataset_bytes": sum(map(len, files.values())),
+                 "file_bytes": [min(map(len, files.values())), max(map(len, files.values()))],
+                 "ckpt_bytes": len(ckpt), "cache_mb": CACHE_MB, "block": BLOCK,
+                 "readers": READERS}
+    s.work.mkdir(parents=True, exist_ok=True)
+    cluster = SeaweedCluster(s.work / "cluster", proxy_rtt_ms=1)
     try:
-        origin.start()
+        t0 = time.monotonic()
         cluster.start()
+        s.log(f"multinode: SeaweedFS cluster up at {cluster.endpoint} (1 ms proxy -> "
+              f"{cluster.direct_endpoint}) in {time.monotonic() - t0:.1f} s")
         cluster.create_bucket(SHARED_BUCKET)
-        s3 = origin.client()
-        s3.create_bucket(Bucket=ORIGIN_BUCKET)
+        cluster.create_bucket(LINK_BUCKET)
+        s3 = s.origin.client()
+        with contextlib.suppress(Exception):
+            s3.create_bucket(Bucket=ORIGIN_BUCKET)
+        direct = cluster.client(cluster.direct_endpoint)
         with cf.ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda kv: s3.put_object(Bucket=ORIGIN_BUCKET, Key=kv[0],
                                                    Body=kv[1]),
                           list(files.items()) + [(ck_key, ckpt)]))
-        upstream = f"127.0.0.1:{origin.s3_port}"
-        wan = WanProxyProcess(upstream, rtt_ms=a.rtt_ms).start()
-        near = WanProxyProcess(upstream, rtt_ms=1).start()
-        one_share = share(list(files), 0, 0, a.nodes, a.seed)
-        out["link_mbps"] = {"in_region": link_rate(near.endpoint, origin, one_share),
-                            "wan": link_rate(wan.endpoint, origin, one_share)}
-        b = Bench(work, a, origin, wan, cluster)
-        out["epochs"] = {"without": b.epochs(files, digests, None),
-                         "with": b.epochs(files, digests, "epochs")}
+            list(pool.map(lambda kv: direct.put_object(Bucket=LINK_BUCKET, Key=kv[0],
+                                                       Body=kv[1]), files.items()))
+        names = list(files)
+        shares = [share(names, 0, r, p.nodes, p.seed) for r in range(p.nodes)]
+        near = [cluster.client(cluster.endpoint) for _ in range(p.nodes)]
+        alone = link_rate(near[0], LINK_BUCKET, shares[0])
+        with cf.ThreadPoolExecutor(p.nodes) as pool:
+            together = list(pool.map(lambda r: link_rate(near[r], LINK_BUCKET, shares[r]),
+                                     range(p.nodes)))
+        wan = link_rate(s.origin.client(s.wan.endpoint), ORIGIN_BUCKET, shares[0])
+        out["link_mbps"] = {"in_region_alone": alone, "in_region": sum(together) / p.nodes,
+                            "in_region_nodes": together, "wan_alone": wan}
+        s.log(f"multinode: links {out['link_mbps']}")
+        b = Bench(s, p, cluster, files)
+        res: dict = {}
+        with b.nc_nodes(p.nodes, None) as nodes:
+            res["without"] = b.epochs(nodes, True, "without --shared-cache")
+        res["with"], out["faults"] = b.with_shared()
+        out["errors"] = {}
+        for system in p.others:
+            try:
+                with b.system_nodes(system, p.nodes) as nodes:
+                    res[system] = b.epochs(nodes, False, f"{system} (each node alone)")
+            except Exception as exc:   # not installed, mount failed: a line in the table
+                out["errors"][system] = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+                s.log(f"multinode: {system} failed: {out['errors'][system]}")
+        out["epochs"] = res
         size = len(ckpt)
-        out["checkpoint"] = {
-            "alone": b.checkpoint(ck_key, ck_digest, size, 1, "ck-alone"),
-            "with": b.checkpoint(ck_key, ck_digest, size, a.nodes, "ck-with"),
-            "with, leases off": b.checkpoint(ck_key, ck_digest, size, a.nodes, "ck-nolease",
-                                             leases=False),
-            "without": b.checkpoint(ck_key, ck_digest, size, a.nodes, None)}
-    except BaseException:
-        print(f"multinode: failed; logs kept in {work}", file=sys.stderr)
-        raise
-    else:
-        shutil.rmtree(work, ignore_errors=True)
+        out["checkpoint"] = {}
+        for name, n, shared, leases in (("alone", 1, "ck-alone", True),
+                                        ("with", p.nodes, "ck-with", True),
+                                        ("with, leases off", p.nodes, "ck-nolease", False),
+                                        ("without", p.nodes, None, True)):
+            s.log(f"multinode: checkpoint, {n} node(s), {name}")
+            out["checkpoint"][name] = b.checkpoint(ck_key, ck_digest, size, n, shared, leases)
     finally:
-        for p in (wan, near):
-            if p is not None:
-                p.stop()
         cluster.stop(grace=0)
-        origin.stop(grace=0)
+    return out
+
+
+# -- the table and the targets ------------------------------------------------------------
+def _low(rows: list[dict], epochs=(2, 3)) -> float | None:
+    """The worst slowest-node MB/s over ``epochs``."""
+    got = [r["min_mbps"] for r in rows if r["epoch"] in epochs]
+    return min(got) if got else None
+
+
+def _mean(rows: list[dict], epochs=(2, 3)) -> float | None:
+    got = [r["min_mbps"] for r in rows if r["epoch"] in epochs]
+    return sum(got) / len(got) if got else None
+
+
+def targets(r: dict) -> list[dict]:
+    """The issue's targets: [{"measure", "target", "value", "met"}]."""
+    ep, link, f, ck = r["epochs"], r["link_mbps"]["in_region"], r["faults"], r["checkpoint"]
+    n = r["params"]["epochs"]
+    out = []
+    wan = summarize(ep["with"], n)["wan_x"]
+    out.append({"measure": f"WAN bytes over {n} epochs, 4 nodes, --shared-cache",
+                "target": f"<= {TARGET_WAN_X}x dataset", "value": f"{wan:.2f}x",
+                "met": wan <= TARGET_WAN_X})
+    low = _low(ep["with"])
+    x = low / link if low is not None else 0.0
+    out.append({"measure": "per-node MB/s, epochs 2-3 (slowest node, worst epoch)",
+                "target": f">= {TARGET_LINK_X} x in-region link",
+                "value": f"{x:.2f} ({low or 0:.1f} / {link:.1f} MB/s)", "met": x >= TARGET_LINK_X})
+    alone, w = ck["alone"], ck["with"]
+    out.append({"measure": "4 nodes load one checkpoint: origin bytes",
+                "target": f"<= {TARGET_CKPT_ORIGIN_X}x checkpoint",
+                "value": f"{w['origin_x']:.2f}x", "met": w["origin_x"] <= TARGET_CKPT_ORIGIN_X})
+    tx = w["max_s"] / alone["max_s"]
+    out.append({"measure": "4 nodes load one checkpoint: each node's load time",
+                "target": f"<= {TARGET_CKPT_TIME_X}x one node alone",
+                "value": f"{tx:.2f}x ({w['max_s']:.2f} / {alone['max_s']:.2f} s)",
+                "met": tx <= TARGET_CKPT_TIME_X and not w["verify_errors"]})
+    v = f["volume_killed"]
+    bad = v["failed"] + v["verify_errors"] + v.get("read_errors", 0)
+    out.append({"measure": "volume server killed mid-epoch",
+                "target": "no failed read, no wrong byte",
+                "value": f"{v['reads']} reads, {v['failed']} failed, "
+                         f"{v['verify_errors']} wrong",
+                "met": bad == 0 and "fault_error" not in v})
+    base = _mean(ep["without"])
+    d = f["tier_down"]
+    dx = d["min_mbps"] / base if base else 0.0
+    g = f["gateway_killed"]
+    out.append({"measure": "tier down: reads go on at single-node speed",
+                "target": f">= {TARGET_DOWN_X} x without the tier, no failed read",
+                "value": f"{dx:.2f} ({d['min_mbps']:.1f} / {base or 0:.1f} MB/s), "
+                         f"{g['failed'] + d['failed']} failed, "
+                         f"{g['verify_errors'] + d['verify_errors']} wrong",
+                "met": dx >= TARGET_DOWN_X and not (g["failed"] + d["failed"]
+                                                    + g["verify_errors"] + d["verify_errors"])})
+    a = f["after_recovery"]
+    rec = f["recovered_after_s"]
+    out.append({"measure": "tier back: used again by itself",
+                "target": "shared hits > 0, no remount",
+                "value": (f"after {rec:.1f} s; {a.get('shared_hits', 0)} hits, WAN "
+                          f"{a['wan_x']:.2f}x" if rec is not None else
+                          f"not within {RECOVERY_WAIT_S:.0f} s; {a.get('shared_hits', 0)} hits"),
+                "met": rec is not None and a.get("shared_hits", 0) > 0})
     return out
 
 
 def table(r: dict) -> str:
-    a = r["args"]
-    link = r["link_mbps"]
-    lines = [f"multinode: {a['nodes']} nodes, {a['epochs']} epochs over {a['files']} x "
-             f"{a['file_kb']} KiB ({r['dataset_bytes'] / 1e6:.0f} MB), checkpoint "
-             f"{a['ckpt_mb']} MiB, {a['rtt_ms']:.0f} ms origin, 1 ms shared tier, "
-             f"caches {CACHE_MB} MiB per node",
-             f"link ceiling for one node's share ({READERS} GETs at a time): in-region "
-             f"{link['in_region']:.1f} MB/s, WAN {link['wan']:.1f} MB/s", "",
-             f"{'epochs':<28}{'WAN bytes / dataset':>22}{'slowest node MB/s':>19}"
-             f"{'x in-region link':>18}"]
-    for name in ("without", "with"):
-        for e in r["epochs"][name]:
-            label = f"{name} --shared-cache, epoch {e['epoch']}"
-            if e["epoch"] == "all":
-                lines.append(f"{label:<40}{e['wan_x']:>10.2f}   (read errors "
-                             f"{e['read_errors']}, shared hits {e['shared_hits']})")
-            else:
-                lines.append(f"{label:<40}{e['wan_x']:>10.2f}{e['min_mbps']:>19.1f}"
-                             f"{e['min_mbps'] / link['in_region']:>18.2f}"
-                             + (f"  VERIFY ERRORS {e['verify_errors']}"
-                                if e["verify_errors"] else ""))
-    lines += ["", f"{'checkpoint load':<28}{'origin bytes / ckpt':>22}{'slowest load s':>16}"
-                  f"{'x alone':>10}{'lease waits':>13}"]
+    p, link = r["params"], r["link_mbps"]
+    lo, hi = r["file_bytes"]
+    lines = [
+        f"multinode: {p['nodes']} nodes x {r['readers']} readers, {p['epochs']} epochs, "
+        f"origin {p['rtt_ms']:.0f} ms away, shared tier = SeaweedFS cluster (master, 3 "
+        f"volume servers, replication 001, filer, s3) behind 1 ms; {r['block']}B blocks, "
+        f"{r['cache_mb']} MiB disk + {r['cache_mb']} MiB memory cache per node",
+        f"dataset: {p['files']} synthetic files of {lo / 1024:.0f}-{hi / 1024:.0f} KiB "
+        f"({r['dataset_bytes'] / 1e6:.1f} MB; random bytes, neither the `samples` set "
+        f"(80-120 KB files) nor the `shards` set (~8 MB tars)); each epoch a "
+        f"DistributedSampler-style split; the several-MB case is the checkpoint: one "
+        f"file of {r['ckpt_bytes'] / MB:.0f} MiB",
+        f"links, one node's share, {r['readers']} GETs at a time: in-region (the cluster "
+        f"via 1 ms) {link['in_region_alone']:.1f} MB/s alone, {link['in_region']:.1f} MB/s "
+        f"per node with {p['nodes']} at once (= the in-region link row: 'x link'); WAN "
+        f"(origin via {p['rtt_ms']:.0f} ms) {link['wan_alone']:.1f} MB/s alone",
+        "",
+        f"{'epochs':<38}{'WAN/dataset':>12}{'slowest MB/s':>14}{'x link':>8}"
+        f"{'mean MB/s':>11}{'failed':>8}{'wrong':>7}"]
+    for name in ("without", "with", *p["others"]):
+        rows = r["epochs"].get(name)
+        label = LABELS.get(name, name) + (" (each alone)" if name in p["others"] else "")
+        if rows is None:
+            err = r.get("errors", {}).get(name, "not run")
+            lines.append(f"{label:<38}ERROR {err[:100]}")
+            continue
+        for e in rows:
+            lines.append(f"{label + ', epoch ' + str(e['epoch']):<38}{e['wan_x']:>12.2f}"
+                         f"{e['min_mbps']:>14.1f}{e['min_mbps'] / link['in_region']:>8.2f}"
+                         f"{e['mean_mbps']:>11.1f}{e['failed']:>8}{e['verify_errors']:>7}")
+        a = summarize(rows, p["epochs"])
+        lines.append(f"{label + ', all':<38}{a['wan_x']:>12.2f}"
+                     + (f"{'':22}shared hits {a['shared_hits']}" if name == "with" else ""))
+    f = r["faults"]
+    lines += ["", f"{'faults (the --shared-cache nodes go on)':<44}{'reads':>6}{'failed':>8}"
+                  f"{'wrong':>7}{'WAN/dataset':>12}{'slowest MB/s':>14}{'shared hits':>12}"]
+    for key, label in (("volume_killed", "epoch {e}: volume server killed at {t}"),
+                       ("gateway_killed", "epoch {e}: S3 gateway killed at {t}"),
+                       ("tier_down", "epoch {e}: the tier down all epoch"),
+                       ("after_recovery", "epoch {e}: gateway back, nodes untouched")):
+        e = f[key]
+        t = f"{e['fault_at_s']:.1f} s" if "fault_at_s" in e else "-"
+        lines.append(f"{label.format(e=e['epoch'], t=t):<44}{e['reads']:>6}"
+                     f"{e['failed']:>8}{e['verify_errors']:>7}{e['wan_x']:>12.2f}"
+                     f"{e['min_mbps']:>14.1f}{e.get('shared_hits', 0):>12}"
+                     + (f"  FAULT FAILED {e['fault_error']}" if e.get("fault_error") else ""))
+    d = f["tier_down"]
+    rec = f["recovered_after_s"]
+    lines.append(f"(tier down: {d.get('shared_skipped', 0)} lookups skipped by the breaker, "
+                 f"{f['gateway_killed'].get('shared_breaker_trips', 0) + d.get('shared_breaker_trips', 0)}"
+                 f" breaker trips, {f['gateway_killed'].get('shared_errors', 0)} errors + "
+                 f"{f['gateway_killed'].get('shared_timeouts', 0)} timeouts while it went; "
+                 f"gateway restarted in {f['gateway_restart_s']:.1f} s, every node used the "
+                 + (f"tier again {rec:.1f} s later)" if rec is not None
+                    else f"tier again: NOT within {RECOVERY_WAIT_S:.0f} s)"))
+    lines += ["", f"{'checkpoint load':<38}{'origin/ckpt':>12}{'slowest s':>11}"
+                  f"{'x alone':>9}{'lease waits':>13}{'failed':>8}{'wrong':>7}"]
     alone = r["checkpoint"]["alone"]["max_s"]
     for name, c in r["checkpoint"].items():
         label = f"{c['nodes']} node{'s' if c['nodes'] > 1 else ''}, {name}"
-        lines.append(f"{label:<28}{c['origin_x']:>22.2f}{c['max_s']:>16.2f}"
-                     f"{c['max_s'] / alone:>10.2f}{c['lease_waits']:>13}"
-                     + (f"  VERIFY ERRORS {c['verify_errors']}" if c["verify_errors"] else ""))
+        lines.append(f"{label:<38}{c['origin_x']:>12.2f}{c['max_s']:>11.2f}"
+                     f"{c['max_s'] / alone:>9.2f}{c['lease_waits']:>13}"
+                     f"{c['read_errors']:>8}{c['verify_errors']:>7}")
+    lines += ["", f"{'target (issue 13)':<52}{'goal':<36}{'measured':<34}met"]
+    for t in targets(r):
+        lines.append(f"{t['measure']:<52}{t['target']:<36}{t['value']:<34}"
+                     f"{'yes' if t['met'] else 'NO'}")
+    lines.append("('x link': slowest node's MB/s / the in-region link row; 'single-node "
+                 "speed': the slowest node with the tier down / the slowest node of the same "
+                 "4 nodes without --shared-cache, mean of epochs 2-3; rclone/s3fs cache "
+                 f"{CACHE_MB} MiB like the nodes, but s3fs cannot start below "
+                 "176 MiB, so it keeps the whole dataset)")
     return "\n".join(lines)
+
+
+def rows(r: dict) -> list[dict]:
+    """The runner's rows (bench/report.py): per epoch and checkpoint load, the slowest
+    node's MB/s, WAN bytes as ``link_bytes_down``; a ``link`` row = the in-region link."""
+    link = r["link_mbps"]["in_region"]
+    base = {"scenario": "multinode"}
+    out = [{**base, "system": "link", "phase": "link", "value": link, "unit": "MB/s",
+            "mbps": link, "note": "in-region, per node, 4 at once"}]
+    for name, eps in r["epochs"].items():
+        for e in eps:
+            out.append({**base, "system": LABELS.get(name, name), "phase": f"epoch{e['epoch']}",
+                        "value": e["min_mbps"], "unit": "MB/s", "mbps": e["min_mbps"],
+                        "bytes": e["bytes"], "seconds": e["wall_s"],
+                        "verify_errors": e["verify_errors"],
+                        "link_bytes_down": e["wan_bytes"],
+                        "byte_hit_rate_est": max(0.0, 1 - e["wan_bytes"] / max(e["bytes"], 1))})
+    phases = {"volume_killed": "vol-kill", "gateway_killed": "gw-kill",
+              "tier_down": "tier-down", "after_recovery": "recovered"}
+    for key, e in r["faults"].items():
+        if isinstance(e, dict):
+            out.append({**base, "system": LABELS["with"], "phase": phases[key],
+                        "value": e["min_mbps"], "unit": "MB/s", "mbps": e["min_mbps"],
+                        "bytes": e["bytes"], "seconds": e["wall_s"],
+                        "verify_errors": e["verify_errors"], "link_bytes_down": e["wan_bytes"],
+                        "fault": key})
+    for name, err in r.get("errors", {}).items():
+        out.append({**base, "system": LABELS.get(name, name), "phase": "-", "error": err})
+    for name, c in r["checkpoint"].items():
+        sysname = "1x nc --shared-cache" if name == "alone" else {
+            "with": LABELS["with"], "without": LABELS["without"],
+            "with, leases off": "4x nc --shared, no lease"}[name]
+        out.append({**base, "system": sysname, "phase": "ckpt", "value": c["max_s"],
+                    "unit": "s load", "bytes": r["ckpt_bytes"], "seconds": c["max_s"],
+                    "verify_errors": c["verify_errors"],
+                    "link_bytes_down": int(c["origin_x"] * r["ckpt_bytes"])})
+    return out
+
+
+# -- the two ways in -------------------------------------------------------------------------
+def params_for(quick: bool, seed: int, rtt_ms: float, systems: list[str]) -> Params:
+    return Params(ckpt_mb=32 if quick else 128, seed=seed, rtt_ms=rtt_ms,
+                  others=tuple(s for s in ("rclone", "s3fs") if s in systems))
+
+
+def scenario(ctx) -> list[dict]:
+    """4 nodes sharing an in-region tier: WAN bytes, faults, a checkpoint (issue 13)."""
+    work = Path(ctx.work_dir) / "multinode"
+    shutil.rmtree(work, ignore_errors=True)
+    s = Setup(work=work, origin=ctx.seaweed, wan=ctx.proxy, log=ctx.log,
+              sys_env=dataclasses.replace(ctx.sys_env, bucket=ORIGIN_BUCKET))
+    p = params_for(ctx.quick, ctx.seed, ctx.rtt_ms, ctx.systems)
+    r = measure(s, p)
+    r["targets"] = targets(r)
+    text = table(r)
+    out = Path(ctx.out_dir)
+    (out / "multinode.json").write_text(json.dumps(r, indent=1, default=str))
+    (out / "multinode.txt").write_text(text + "\n")
+    ctx.log("multinode table:\n" + text)
+    ctx.notes.append("multinode (also in multinode.txt; rows above: slowest node per "
+                     "epoch, link MB = WAN bytes):\n" + text)
+    shutil.rmtree(work, ignore_errors=True)
+    return rows(r)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,15 +669,43 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--files", type=int, default=64)
     ap.add_argument("--file-kb", type=int, default=512)
-    ap.add_argument("--ckpt-mb", type=int, default=32)
+    ap.add_argument("--ckpt-mb", type=int, default=128)
     ap.add_argument("--rtt-ms", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--systems", default="rclone,s3fs",
+                    help="comparison systems, each node alone ('' for none)")
     ap.add_argument("--out", help="also write the results as JSON here")
     a = ap.parse_args(argv)
-    r = run(a)
+    p = Params(nodes=a.nodes, epochs=a.epochs, files=a.files, file_kb=a.file_kb,
+               ckpt_mb=a.ckpt_mb, seed=a.seed, rtt_ms=a.rtt_ms,
+               others=tuple(x for x in a.systems.split(",") if x))
+    work = Path(tempfile.mkdtemp(prefix="nc-multinode-"))
+
+    def log(msg):
+        print(f"[multinode {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    origin = SeaweedServer(work / "origin")
+    wan = None
+    try:
+        origin.start()
+        wan = WanProxyProcess(f"127.0.0.1:{origin.s3_port}", rtt_ms=a.rtt_ms).start()
+        env = SystemEnv(work_dir=work / "systems", data_dir=work / "data",
+                        bucket=ORIGIN_BUCKET, endpoint=wan.endpoint,
+                        access_key=origin.access_key, secret_key=origin.secret_key,
+                        direct_endpoint=origin.endpoint)
+        r = measure(Setup(work=work / "run", origin=origin, wan=wan, sys_env=env, log=log), p)
+    except BaseException:
+        log(f"failed; logs kept in {work}")
+        raise
+    finally:
+        if wan is not None:
+            wan.stop()
+        origin.stop(grace=0)
+    r["targets"] = targets(r)
     print(table(r))
     if a.out:
-        Path(a.out).write_text(json.dumps(r, indent=2))
+        Path(a.out).write_text(json.dumps(r, indent=2, default=str))
+    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

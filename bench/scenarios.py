@@ -219,6 +219,7 @@ def fio(ctx):
 for _fn in (shards, samples, train, bigfile, overflow, fio):
     register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
 register("train-files", train_files, default=True, hints=True)
+register("multinode", importlib.import_module("bench.multinode").scenario)
 
 
 def _maybe_register_maze() -> None:
