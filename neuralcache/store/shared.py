@@ -19,13 +19,20 @@ docs/many-nodes.md: a writer can always poison a block it can write consistently
 
 Failure is a miss, never a failed read, and slowness costs a bounded wait: every
 request runs in a worker thread under a deadline (``deadline()``: DEADLINE_FACTOR x the
-p90 of recent requests, within [DEADLINE_MIN_S, DEADLINE_MAX_S]); a timeout or error of
-a read is a miss and counts toward a breaker that, after BREAKER_FAILURES in a row and
-BREAKER_SILENCE deadlines without any answer, skips the tier (lookups are misses at
-once, nothing is written) while a background probe asks it every BREAKER_OPEN_S,
+p90 of the last LATENCY_WINDOW answers, late ones included, within [DEADLINE_MIN_S,
+DEADLINE_MAX_S]; DEADLINE_COLD_S until LATENCY_MIN_SAMPLES answers).  A timeout or error
+of a request a reader waits on (a block lookup, a lease create, a lease check; not a
+write-through PUT, a lease delete or the probe) is a miss and counts toward a breaker:
+after BREAKER_FAILURES such failures in a row (an answered one resets the count), when
+nothing has come back from the tier for BREAKER_SILENCE x the current deadline --
+silence counted from the first request sent after the last answer -- the tier is
+skipped (lookups are misses at once, no new block is queued for write-through; PUTs
+already queued still run) while a background probe asks it every BREAKER_OPEN_S,
 closing the breaker by itself when it answers.  So a tier that stalls costs the reads
-of about BREAKER_SILENCE deadlines one deadline each, then nothing.  A tier that answers, but slowly, raises its own deadline (late answers count
-in the p90) up to DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
+of about BREAKER_SILENCE deadlines one deadline each, then nothing; one that refuses
+connections costs them nothing but the origin fetch they make anyway.  A tier that
+answers, but slowly, raises its own deadline (late answers count in the p90) up to
+DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
 checkpoint loaded by every node): a lease.  After a shared miss the node creates the
