@@ -92,6 +92,9 @@ PHASE_TIMEOUT_S = 300.0
 # How long the nodes may take to use the tier again after it is back (their probe asks
 # every 5 s).
 RECOVERY_WAIT_S = 60.0
+# With the tier down, epochs run until every node's breaker has opened (so that its
+# recovery is what is measured next), or this long after the kill.
+DOWN_MAX_S = 60.0
 
 # The issue's targets.
 TARGET_WAN_X = 1.1             # WAN bytes over 3 epochs / dataset, with the shared tier
@@ -288,7 +291,8 @@ class Bench:
                "failed": sum(x["errors"] for x in res),
                "verify_errors": sum(x["wrong"] for x in res),
                "first_error": next((x["first_error"] for x in res if x["first_error"]), None),
-               "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps}
+               "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps,
+               "node_bytes": [x["bytes"] for x in res], "node_s": [x["seconds"] for x in res]}
         out["wan_x"] = out["wan_bytes"] / self.total
         if any(s1):
             out.update({k: round(sum(b.get(k, 0) - a.get(k, 0) for a, b in zip(s0, s1)), 3)
@@ -331,9 +335,20 @@ class Bench:
             if "volume0" not in c.procs:       # killed (else the kill failed: noted)
                 c.start_volume(0)
             self.s.log("multinode: S3 gateway killed mid-epoch")
-            faults["gateway_killed"] = self.epoch(nodes, e + 1, True, midway=c.kill_s3)
-            self.s.log("multinode: an epoch with the tier down")
-            faults["tier_down"] = self.epoch(nodes, e + 2, True)
+            watch = BreakerWatch(nodes)
+            faults["gateway_killed"] = self.epoch(
+                nodes, e + 1, True, midway=lambda: (c.kill_s3(), watch.start()))
+            down = []
+            while True:
+                self.s.log(f"multinode: an epoch with the tier down (breakers open: "
+                           f"{watch.open_count()}/{len(nodes)})")
+                down.append(self.epoch(nodes, e + 2 + len(down), True))
+                if watch.open_count() == len(nodes) or \
+                        time.monotonic() - watch.t0 > DOWN_MAX_S:
+                    break
+            watch.stop()
+            faults["tier_down"] = merge(down)
+            faults["breakers"] = watch.result()
             t0 = time.monotonic()
             c.start_s3()
             t_back = time.monotonic()
@@ -343,11 +358,11 @@ class Bench:
                 if all(f().get("shared_available") for _, f in nodes):
                     recovered = round(time.monotonic() - t_back, 2)
                     break
-                time.sleep(0.2)
+                time.sleep(0.1)
             faults["recovered_after_s"] = recovered
             self.s.log(f"multinode: gateway back; nodes use the tier again after "
                        f"{recovered} s; one more epoch")
-            faults["after_recovery"] = self.epoch(nodes, e + 3, True)
+            faults["after_recovery"] = self.epoch(nodes, e + 2 + len(down), True)
         return rows, faults
 
     def checkpoint(self, key: str, digest: str, size: int, n: int, shared: str | None,
@@ -382,6 +397,67 @@ class Bench:
                 "fetched_x": sum(s["bytes_fetched"] for s in st) / size,
                 "read_errors": sum(s.get("read_errors", 0) for s in st),
                 "lease_waits": sum(s.get("shared_lease_waits", 0) for s in st)}
+
+
+class BreakerWatch:
+    """After ``start()`` (the tier was just killed), polls each node's stats and notes
+    when its breaker opened (``shared_available`` false) and the deadline it had."""
+
+    def __init__(self, nodes):
+        self.nodes = nodes
+        self.t0 = 0.0
+        self.opened: dict[int, float] = {}
+        self.deadline_ms: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and len(self.opened) < len(self.nodes):
+            for r, (_, f) in enumerate(self.nodes):
+                if r in self.opened:
+                    continue
+                with contextlib.suppress(Exception):
+                    st = f()
+                    if st.get("shared_available") is False:
+                        self.opened[r] = time.monotonic() - self.t0
+                    else:
+                        self.deadline_ms[r] = st.get("shared_deadline_ms")
+            self._stop.wait(0.1)
+
+    def open_count(self) -> int:
+        return len(self.opened)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def result(self) -> dict:
+        return {"opened_after_s": [round(self.opened[r], 2) if r in self.opened else None
+                                   for r in range(len(self.nodes))],
+                "deadline_ms": [self.deadline_ms.get(r) for r in range(len(self.nodes))]}
+
+
+def merge(eps: list[dict]) -> dict:
+    """Several epochs as one row: sums; each node's MB/s over all of them; WAN per epoch."""
+    n = len(eps[0]["node_bytes"])
+    nb = [sum(e["node_bytes"][r] for e in eps) for r in range(n)]
+    ns = [sum(e["node_s"][r] for e in eps) for r in range(n)]
+    mbps = [b / s / 1e6 for b, s in zip(nb, ns)]
+    out = {"epoch": f"{eps[0]['epoch']}-{eps[-1]['epoch']}" if len(eps) > 1 else eps[0]["epoch"],
+           "epochs": len(eps), "wall_s": sum(e["wall_s"] for e in eps),
+           "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps,
+           "node_bytes": nb, "node_s": ns,
+           "wan_x": sum(e["wan_x"] for e in eps) / len(eps),
+           "first_error": next((e["first_error"] for e in eps if e["first_error"]), None)}
+    for k in ("wan_bytes", "bytes", "reads", "failed", "verify_errors", *DELTAS):
+        if k in eps[0]:
+            out[k] = sum(e[k] for e in eps)
+    return out
 
 
 def summarize(rows: list[dict], epochs: int) -> dict:
@@ -450,6 +526,7 @@ def measure(s: Setup, p: Params) -> dict:
         size = len(ckpt)
         out["checkpoint"] = {}
         for name, n, shared, leases in (("alone", 1, "ck-alone", True),
+                                        ("alone, without", 1, None, True),
                                         ("with", p.nodes, "ck-with", True),
                                         ("with, leases off", p.nodes, "ck-nolease", False),
                                         ("without", p.nodes, None, True)):
@@ -515,10 +592,12 @@ def targets(r: dict) -> list[dict]:
                                                     + g["verify_errors"] + d["verify_errors"])})
     a = f["after_recovery"]
     rec = f["recovered_after_s"]
+    opened = sum(x is not None for x in f.get("breakers", {}).get("opened_after_s", []))
     out.append({"measure": "tier back: used again by itself",
                 "target": "shared hits > 0, no remount",
-                "value": (f"after {rec:.1f} s; {a.get('shared_hits', 0)} hits, WAN "
-                          f"{a['wan_x']:.2f}x" if rec is not None else
+                "value": (f"{opened}/{r['params']['nodes']} breakers opened, all closed "
+                          f"{rec:.1f} s after; {a.get('shared_hits', 0)} hits"
+                          if rec is not None else
                           f"not within {RECOVERY_WAIT_S:.0f} s; {a.get('shared_hits', 0)} hits"),
                 "met": rec is not None and a.get("shared_hits", 0) > 0})
     return out
@@ -530,7 +609,7 @@ def table(r: dict) -> str:
     lines = [
         f"multinode: {p['nodes']} nodes x {r['readers']} readers, {p['epochs']} epochs, "
         f"origin {p['rtt_ms']:.0f} ms away, shared tier = SeaweedFS cluster (master, 3 "
-        f"volume servers, replication 001, filer, s3) behind 1 ms; {r['block']}B blocks, "
+        f"volume servers, replication 001, filer, s3) behind 1 ms; {r['block'][:-1]} MiB blocks, "
         f"{r['cache_mb']} MiB disk + {r['cache_mb']} MiB memory cache per node",
         f"dataset: {p['files']} synthetic files of {lo / 1024:.0f}-{hi / 1024:.0f} KiB "
         f"({r['dataset_bytes'] / 1e6:.1f} MB; random bytes, neither the `samples` set "
@@ -559,27 +638,35 @@ def table(r: dict) -> str:
         lines.append(f"{label + ', all':<38}{a['wan_x']:>12.2f}"
                      + (f"{'':22}shared hits {a['shared_hits']}" if name == "with" else ""))
     f = r["faults"]
-    lines += ["", f"{'faults (the --shared-cache nodes go on)':<44}{'reads':>6}{'failed':>8}"
-                  f"{'wrong':>7}{'WAN/dataset':>12}{'slowest MB/s':>14}{'shared hits':>12}"]
+    lines += ["", f"{'faults (the --shared-cache nodes go on)':<50}{'reads':>6}{'failed':>7}"
+                  f"{'wrong':>6}{'WAN/dataset':>12}{'slowest MB/s':>13}{'shared hits':>12}"]
+    down = f["tier_down"]
     for key, label in (("volume_killed", "epoch {e}: volume server killed at {t}"),
                        ("gateway_killed", "epoch {e}: S3 gateway killed at {t}"),
-                       ("tier_down", "epoch {e}: the tier down all epoch"),
+                       ("tier_down", "epoch{s} {e}: the tier down" + (
+                           " (till all breakers open)" if down.get("epochs", 1) > 1 else "")),
                        ("after_recovery", "epoch {e}: gateway back, nodes untouched")):
         e = f[key]
         t = f"{e['fault_at_s']:.1f} s" if "fault_at_s" in e else "-"
-        lines.append(f"{label.format(e=e['epoch'], t=t):<44}{e['reads']:>6}"
-                     f"{e['failed']:>8}{e['verify_errors']:>7}{e['wan_x']:>12.2f}"
-                     f"{e['min_mbps']:>14.1f}{e.get('shared_hits', 0):>12}"
+        text = label.format(e=e["epoch"], t=t, s="s" if e.get("epochs", 1) > 1 else "")
+        lines.append(f"{text:<50}{e['reads']:>6}{e['failed']:>7}{e['verify_errors']:>6}"
+                     f"{e['wan_x']:>12.2f}{e['min_mbps']:>13.1f}{e.get('shared_hits', 0):>12}"
                      + (f"  FAULT FAILED {e['fault_error']}" if e.get("fault_error") else ""))
-    d = f["tier_down"]
-    rec = f["recovered_after_s"]
-    lines.append(f"(tier down: {d.get('shared_skipped', 0)} lookups skipped by the breaker, "
-                 f"{f['gateway_killed'].get('shared_breaker_trips', 0) + d.get('shared_breaker_trips', 0)}"
-                 f" breaker trips, {f['gateway_killed'].get('shared_errors', 0)} errors + "
-                 f"{f['gateway_killed'].get('shared_timeouts', 0)} timeouts while it went; "
-                 f"gateway restarted in {f['gateway_restart_s']:.1f} s, every node used the "
-                 + (f"tier again {rec:.1f} s later)" if rec is not None
-                    else f"tier again: NOT within {RECOVERY_WAIT_S:.0f} s)"))
+    g, br, rec = f["gateway_killed"], f.get("breakers", {}), f["recovered_after_s"]
+    opened = [x for x in br.get("opened_after_s", []) if x is not None]
+    dl = [x for x in br.get("deadline_ms", []) if x]
+    lines.append(
+        f"(volume server killed: {f['volume_killed'].get('shared_errors', 0)} shared errors + "
+        f"{f['volume_killed'].get('shared_timeouts', 0)} timeouts, all misses; tier down: "
+        f"{g.get('shared_errors', 0) + down.get('shared_errors', 0)} errors + "
+        f"{g.get('shared_timeouts', 0) + down.get('shared_timeouts', 0)} timeouts, then the "
+        f"breaker opened on {len(opened)} of {r['params']['nodes']} nodes"
+        + (f" {min(opened):.1f}-{max(opened):.1f} s after the kill" if opened else "")
+        + (f" (deadlines {min(dl):.0f}-{max(dl):.0f} ms)" if dl else "")
+        + f" and skipped {down.get('shared_skipped', 0)} lookups; gateway restarted in "
+        f"{f['gateway_restart_s']:.1f} s, every node used the tier again "
+        + (f"{rec:.1f} s later, by itself)" if rec is not None
+           else f"NOT within {RECOVERY_WAIT_S:.0f} s)"))
     lines += ["", f"{'checkpoint load':<38}{'origin/ckpt':>12}{'slowest s':>11}"
                   f"{'x alone':>9}{'lease waits':>13}{'failed':>8}{'wrong':>7}"]
     alone = r["checkpoint"]["alone"]["max_s"]
@@ -588,9 +675,9 @@ def table(r: dict) -> str:
         lines.append(f"{label:<38}{c['origin_x']:>12.2f}{c['max_s']:>11.2f}"
                      f"{c['max_s'] / alone:>9.2f}{c['lease_waits']:>13}"
                      f"{c['read_errors']:>8}{c['verify_errors']:>7}")
-    lines += ["", f"{'target (issue 13)':<52}{'goal':<36}{'measured':<34}met"]
+    lines += ["", f"{'target (issue 13)':<56}{'goal':<42}{'measured':<48}met"]
     for t in targets(r):
-        lines.append(f"{t['measure']:<52}{t['target']:<36}{t['value']:<34}"
+        lines.append(f"{t['measure']:<56}{t['target']:<42}{t['value']:<48}"
                      f"{'yes' if t['met'] else 'NO'}")
     lines.append("('x link': slowest node's MB/s / the in-region link row; 'single-node "
                  "speed': the slowest node with the tier down / the slowest node of the same "
@@ -617,17 +704,19 @@ def rows(r: dict) -> list[dict]:
                         "byte_hit_rate_est": max(0.0, 1 - e["wan_bytes"] / max(e["bytes"], 1))})
     phases = {"volume_killed": "vol-kill", "gateway_killed": "gw-kill",
               "tier_down": "tier-down", "after_recovery": "recovered"}
-    for key, e in r["faults"].items():
-        if isinstance(e, dict):
+    for key in phases:
+        if isinstance(e := r["faults"].get(key), dict):
             out.append({**base, "system": LABELS["with"], "phase": phases[key],
                         "value": e["min_mbps"], "unit": "MB/s", "mbps": e["min_mbps"],
                         "bytes": e["bytes"], "seconds": e["wall_s"],
                         "verify_errors": e["verify_errors"], "link_bytes_down": e["wan_bytes"],
+                        "byte_hit_rate_est": max(0.0, 1 - e["wan_bytes"] / max(e["bytes"], 1)),
                         "fault": key})
     for name, err in r.get("errors", {}).items():
         out.append({**base, "system": LABELS.get(name, name), "phase": "-", "error": err})
     for name, c in r["checkpoint"].items():
-        sysname = "1x nc --shared-cache" if name == "alone" else {
+        sysname = {
+            "alone": "1x nc --shared-cache", "alone, without": "1x neuralcache",
             "with": LABELS["with"], "without": LABELS["without"],
             "with, leases off": "4x nc --shared, no lease"}[name]
         out.append({**base, "system": sysname, "phase": "ckpt", "value": c["max_s"],

@@ -32,7 +32,9 @@ def _result(**over):
                                              shared_breaker_trips=4),
                     "tier_down": _epoch(6, 1.0, 19.0, shared_skipped=64),
                     "after_recovery": _epoch(7, 0.0, 45.0, shared_hits=64),
-                    "gateway_restart_s": 1.5, "recovered_after_s": 4.2},
+                    "gateway_restart_s": 1.5, "recovered_after_s": 4.2,
+                    "breakers": {"opened_after_s": [1.0, 2.5, None, 1.2],
+                                 "deadline_ms": [400.0, 500.0, 600.0, None]}},
          "checkpoint": {
              "alone": {"nodes": 1, "origin_x": 1.0, "max_s": 1.0, "lease_waits": 0,
                        "read_errors": 0, "verify_errors": 0},
@@ -79,7 +81,8 @@ def test_table_shows_every_part():
     assert "4x rclone (each alone), all" in text
     assert "4x s3fs (each alone)" in text and "ERROR SystemUnavailable" in text
     assert "volume server killed at 0.5 s" in text
-    assert "tier again 4.2 s later" in text
+    assert "used the tier again 4.2 s later, by itself" in text
+    assert "breaker opened on 3 of 4 nodes 1.0-2.5 s after the kill" in text
     assert text.count("yes") >= 7 and "NO" not in text.split("target (issue 13)")[1]
 
 
