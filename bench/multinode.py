@@ -22,8 +22,10 @@ caches of ``CACHE_MB`` each -- below one node's share of an epoch (256 x 512 KiB
 block; the checkpoint many).  Each epoch every node reads its DistributedSampler-style
 share (a permutation seeded by the epoch, every ``nodes``-th file from ``rank``) with
 ``READERS`` threads, after publishing that order and the next epoch's as hints (what
-``HintingSampler`` does; not for rclone/s3fs); every file is checked against its xxh3
-and a failed read is counted, not raised.  The nodes run each epoch at the same time;
+``HintingSampler`` does; not for rclone/s3fs); every file is checked against its xxh3,
+then dropped from the kernel page cache (``read_uncached``: the page cache is not bounded
+like the node's caches and would otherwise serve whole epochs), and a failed read is
+counted, not raised.  The nodes run each epoch at the same time;
 the WAN proxy's byte counter is read between epochs.
 
 Measured, in this order:
@@ -95,6 +97,7 @@ RECOVERY_WAIT_S = 60.0
 # With the tier down, epochs run until every node's breaker has opened (so that its
 # recovery is what is measured next), or this long after the kill.
 DOWN_MAX_S = 60.0
+DOWN_MAX_EPOCHS = 10
 
 # The issue's targets.
 TARGET_WAN_X = 1.1             # WAN bytes over 3 epochs / dataset, with the shared tier
@@ -152,6 +155,17 @@ def link_rate(s3, bucket: str, keys: list[str]) -> float:
         n = sum(pool.map(lambda k: len(s3.get_object(Bucket=bucket, Key=k)["Body"].read()),
                          keys))
     return n / (time.monotonic() - t0) / 1e6
+
+
+def read_uncached(path: Path) -> bytes:
+    """The whole file, then its pages dropped from the kernel page cache
+    (POSIX_FADV_DONTNEED on this file only): a node's page cache is not limited like its
+    NeuralCache caches, and after a few epochs it would serve the whole dataset."""
+    with open(path, "rb", buffering=0) as f:
+        data = f.read()
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    return data
 
 
 @contextlib.contextmanager
@@ -239,7 +253,7 @@ class Bench:
 
         def one(root, rel):
             try:
-                data = (root / rel).read_bytes()
+                data = read_uncached(root / rel)
             except OSError as exc:
                 out = (0, 0, 1, f"{rel}: {exc}")
             else:
@@ -343,7 +357,7 @@ class Bench:
                 self.s.log(f"multinode: an epoch with the tier down (breakers open: "
                            f"{watch.open_count()}/{len(nodes)})")
                 down.append(self.epoch(nodes, e + 2 + len(down), True))
-                if watch.open_count() == len(nodes) or \
+                if watch.open_count() == len(nodes) or len(down) >= DOWN_MAX_EPOCHS or \
                         time.monotonic() - watch.t0 > DOWN_MAX_S:
                     break
             watch.stop()
@@ -570,7 +584,9 @@ def targets(r: dict) -> list[dict]:
     tx = w["max_s"] / alone["max_s"]
     out.append({"measure": "4 nodes load one checkpoint: each node's load time",
                 "target": f"<= {TARGET_CKPT_TIME_X}x one node alone",
-                "value": f"{tx:.2f}x ({w['max_s']:.2f} / {alone['max_s']:.2f} s)",
+                "value": f"{tx:.2f}x ({w['max_s']:.2f} / {alone['max_s']:.2f} s)" + (
+                    f"; {w['max_s'] / ck['alone, without']['max_s']:.2f}x without the tier"
+                    if "alone, without" in ck else ""),
                 "met": tx <= TARGET_CKPT_TIME_X and not w["verify_errors"]})
     v = f["volume_killed"]
     bad = v["failed"] + v["verify_errors"] + v.get("read_errors", 0)
