@@ -672,8 +672,9 @@ def table(r: dict) -> str:
     opened = [x for x in br.get("opened_after_s", []) if x is not None]
     dl = [x for x in br.get("deadline_ms", []) if x]
     lines.append(
-        f"(volume server killed: {f['volume_killed'].get('shared_errors', 0)} shared errors + "
-        f"{f['volume_killed'].get('shared_timeouts', 0)} timeouts, all misses; tier down: "
+        f"(volume server killed: {f['volume_killed'].get('shared_errors', 0)} shared-tier "
+        f"errors, {f['volume_killed'].get('shared_timeouts', 0)} timeouts, "
+        f"{f['volume_killed'].get('shared_misses', 0)} misses (each read from the origin); tier down: "
         f"{g.get('shared_errors', 0) + down.get('shared_errors', 0)} errors + "
         f"{g.get('shared_timeouts', 0) + down.get('shared_timeouts', 0)} timeouts, then the "
         f"breaker opened on {len(opened)} of {r['params']['nodes']} nodes"
