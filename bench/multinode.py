@@ -706,9 +706,9 @@ def table(r: dict) -> str:
         lines.append(f"{label:<38}{c['origin_x']:>12.2f}{c['max_s']:>11.2f}"
                      f"{c['max_s'] / alone:>9.2f}{c['lease_waits']:>13}"
                      f"{c['read_errors']:>8}{c['verify_errors']:>7}")
-    lines += ["", f"{'target (issue 13)':<56}{'goal':<42}{'measured':<52}met"]
+    lines += ["", f"{'target (issue 13)':<56}{'goal':<42}{'measured':<53}met"]
     for t in targets(r):
-        lines.append(f"{t['measure']:<56}{t['target']:<42}{t['value']:<52}"
+        lines.append(f"{t['measure']:<56}{t['target']:<42}{t['value']:<52} "
                      f"{'yes' if t['met'] else 'NO'}")
     lines.append("('x link': slowest node's MB/s / the in-region link row; 'single-node "
                  "speed': the slowest node with the tier down / the slowest node of the same "
