@@ -36,10 +36,12 @@ Measured, in this order:
   from the origin through the WAN proxy, one node alone;
 * 4 NeuralCache nodes without ``--shared-cache``, 3 epochs;
 * 4 nodes with it, 3 epochs, then the same nodes go on: epoch 4 kills volume server 0
-  (SIGKILL) when half of the epoch's reads are done (it is restarted after the epoch);
-  epoch 5 kills the cluster's S3 gateway at half-way; epoch 6 runs with the tier down;
-  then the gateway is started again, the nodes are watched until each reports
-  ``shared_available`` (nothing is done to them) and epoch 7 runs;
+  (SIGKILL) when half of the epoch's reads are done, and epochs go on until it has been
+  down ``VOLUME_DOWN_S`` (then it is restarted);
+  the next epoch kills the cluster's S3 gateway at half-way; epochs run with the tier
+  down (at least DOWN_MIN_EPOCHS, until every node's breaker has opened); then the
+  gateway is started again, the nodes are watched until each reports
+  ``shared_available`` (nothing is done to them) and one more epoch runs;
 * 4 rclone and 4 s3fs nodes (each alone: no shared tier), 3 epochs, WAN bytes from the
   proxy's counter;
 * one checkpoint file (the shards-like case: one file of many blocks) loaded by one
@@ -104,6 +106,9 @@ RECOVERY_WAIT_S = 60.0
 # recovery is what is measured next), or this long after the kill.
 DOWN_MAX_S = 60.0
 DOWN_MIN_EPOCHS, DOWN_MAX_EPOCHS = 2, 10
+# After the volume server is killed, epochs go on (the server down) for this long: the
+# master notices the dead server only after missed heartbeats.
+VOLUME_DOWN_S = 10.0
 
 # The targets.
 TARGET_WAN_X = 1.1             # WAN bytes over 3 epochs / dataset, with the shared tier
@@ -352,8 +357,17 @@ class Bench:
             rows = self.epochs(nodes, True, "with --shared-cache")
             e = self.p.epochs
             self.s.log("multinode: volume server 0 killed mid-epoch")
-            faults["volume_killed"] = self.epoch(nodes, e, True,
-                                                 midway=lambda: c.kill_volume(0))
+            killed = [self.epoch(nodes, e, True, midway=lambda: c.kill_volume(0))]
+            t_kill = time.monotonic() - killed[0]["wall_s"] + killed[0].get("fault_at_s", 0)
+            while time.monotonic() - t_kill < VOLUME_DOWN_S and len(killed) < DOWN_MAX_EPOCHS:
+                self.s.log("multinode: an epoch with volume server 0 down")
+                killed.append(self.epoch(nodes, e + len(killed), True))
+            faults["volume_killed"] = merge(killed)
+            faults["volume_killed"]["fault_at_s"] = killed[0].get("fault_at_s", 0)
+            faults["volume_killed"]["down_s"] = round(time.monotonic() - t_kill, 1)
+            if "fault_error" in killed[0]:
+                faults["volume_killed"]["fault_error"] = killed[0]["fault_error"]
+            e += len(killed) - 1
             if "volume0" not in c.procs:       # killed (else the kill failed: noted)
                 c.start_volume(0)
             self.s.log("multinode: S3 gateway killed mid-epoch")
@@ -670,7 +684,7 @@ def table(r: dict) -> str:
     lines += ["", f"{'faults (the --shared-cache nodes go on)':<50}{'reads':>6}{'failed':>7}"
                   f"{'wrong':>6}{'WAN/dataset':>12}{'slowest MB/s':>13}{'shared hits':>12}"]
     down = f["tier_down"]
-    for key, label in (("volume_killed", "epoch {e}: volume server killed at {t}"),
+    for key, label in (("volume_killed", "epoch{s} {e}: volume server killed at {t}"),
                        ("gateway_killed", "epoch {e}: S3 gateway killed at {t}"),
                        ("tier_down", "epoch{s} {e}: the tier down" + (
                            "" if None not in f.get("breakers", {}).get("opened_after_s", [])
@@ -686,7 +700,8 @@ def table(r: dict) -> str:
     opened = [x for x in br.get("opened_after_s", []) if x is not None]
     dl = [x for x in br.get("deadline_ms", []) if x]
     lines.append(
-        f"(volume server killed: {f['volume_killed'].get('shared_errors', 0)} shared-tier "
+        f"(volume server killed, then down {f['volume_killed'].get('down_s', 0):.0f} s: "
+        f"{f['volume_killed'].get('shared_errors', 0)} shared-tier "
         f"errors, {f['volume_killed'].get('shared_timeouts', 0)} timeouts, "
         f"{f['volume_killed'].get('shared_misses', 0)} misses (each read from the origin); tier down: "
         f"{g.get('shared_errors', 0) + down.get('shared_errors', 0)} errors + "
