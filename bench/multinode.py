@@ -108,7 +108,7 @@ DOWN_MAX_S = 60.0
 DOWN_MIN_EPOCHS, DOWN_MAX_EPOCHS = 2, 10
 # After the volume server is killed, epochs go on (the server down) for this long: the
 # master notices the dead server only after missed heartbeats.
-VOLUME_DOWN_S = 10.0
+VOLUME_DOWN_S, VOLUME_MAX_EPOCHS = 10.0, 40
 
 # The targets.
 TARGET_WAN_X = 1.1             # WAN bytes over 3 epochs / dataset, with the shared tier
@@ -359,7 +359,7 @@ class Bench:
             self.s.log("multinode: volume server 0 killed mid-epoch")
             killed = [self.epoch(nodes, e, True, midway=lambda: c.kill_volume(0))]
             t_kill = time.monotonic() - killed[0]["wall_s"] + killed[0].get("fault_at_s", 0)
-            while time.monotonic() - t_kill < VOLUME_DOWN_S and len(killed) < DOWN_MAX_EPOCHS:
+            while time.monotonic() - t_kill < VOLUME_DOWN_S and len(killed) < VOLUME_MAX_EPOCHS:
                 self.s.log("multinode: an epoch with volume server 0 down")
                 killed.append(self.epoch(nodes, e + len(killed), True))
             faults["volume_killed"] = merge(killed)
