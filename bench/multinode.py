@@ -359,7 +359,8 @@ class Bench:
             self.s.log("multinode: volume server 0 killed mid-epoch")
             killed = [self.epoch(nodes, e, True, midway=lambda: c.kill_volume(0))]
             t_kill = time.monotonic() - killed[0]["wall_s"] + killed[0].get("fault_at_s", 0)
-            while time.monotonic() - t_kill < VOLUME_DOWN_S and len(killed) < VOLUME_MAX_EPOCHS:
+            while (time.monotonic() - t_kill < VOLUME_DOWN_S
+                   and len(killed) < VOLUME_MAX_EPOCHS):
                 self.s.log("multinode: an epoch with volume server 0 down")
                 killed.append(self.epoch(nodes, e + len(killed), True))
             faults["volume_killed"] = merge(killed)
