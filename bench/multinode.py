@@ -18,8 +18,8 @@ proxy.
 
 A "node" is a mount with its own cache directory: NeuralCache with disk and memory
 caches of ``CACHE_MB`` each -- below one node's share of an epoch (256 x 512 KiB / 4 =
-32 MiB; 8 MiB with --quick), so a node cannot keep what it read -- and 1 MiB blocks (a 512 KiB file is one
-block; the checkpoint many).  Each epoch every node reads its DistributedSampler-style
+32 MiB; 8 MiB with --quick), so a node cannot keep what it read -- and 1 MiB blocks (a
+512 KiB file is one block; the checkpoint many).  Each epoch every node reads its DistributedSampler-style
 share (a permutation seeded by the epoch, every ``nodes``-th file from ``rank``) with
 ``READERS`` threads, after publishing that order and the next epoch's as hints (what
 ``HintingSampler`` does; not for rclone/s3fs); every file is checked against its xxh3,
@@ -704,7 +704,8 @@ def table(r: dict) -> str:
         f"(volume server killed, then down {f['volume_killed'].get('down_s', 0):.0f} s: "
         f"{f['volume_killed'].get('shared_errors', 0)} shared-tier "
         f"errors, {f['volume_killed'].get('shared_timeouts', 0)} timeouts, "
-        f"{f['volume_killed'].get('shared_misses', 0)} misses (each read from the origin); tier down: "
+        f"{f['volume_killed'].get('shared_misses', 0)} misses (each read from the origin); "
+        "tier down: "
         f"{g.get('shared_errors', 0) + down.get('shared_errors', 0)} errors + "
         f"{g.get('shared_timeouts', 0) + down.get('shared_timeouts', 0)} timeouts, then the "
         f"breaker opened on {len(opened)} of {r['params']['nodes']} nodes"
