@@ -21,12 +21,12 @@ caches of ``CACHE_MB`` each -- below one node's share of an epoch (256 x 512 KiB
 32 MiB; 8 MiB with --quick), so a node cannot keep what it read -- and 1 MiB blocks (a
 512 KiB file is one block; the checkpoint many).  Each epoch every node reads its
 DistributedSampler-style share (a permutation seeded by the epoch, every ``nodes``-th
-file from ``rank``) with ``READERS`` threads, after publishing that order and the next epoch's as hints (what
-``HintingSampler`` does; not for rclone/s3fs); every file is checked against its xxh3,
-then dropped from the kernel page cache (``read_uncached``: the page cache is not bounded
-like the node's caches and would otherwise serve whole epochs), and a failed read is
-counted, not raised.  The nodes run each epoch at the same time;
-the WAN proxy's byte counter is read between epochs.
+file from ``rank``) with ``READERS`` threads, after publishing that order and the next
+epoch's as hints (what ``HintingSampler`` does; not for rclone/s3fs); every file is
+checked against its xxh3, then dropped from the kernel page cache (``read_uncached``:
+the page cache is not bounded like the node's caches and would otherwise serve whole
+epochs), and a failed read is counted, not raised.  The nodes run each epoch at the same
+time; the WAN proxy's byte counter is read between epochs.
 
 Measured, in this order:
 
