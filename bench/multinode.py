@@ -434,7 +434,9 @@ class Bench:
                 "mean_s": sum(times) / n, "times_s": times, "verify_errors": ok.count(False),
                 "fetched_x": sum(s["bytes_fetched"] for s in st) / size,
                 "read_errors": sum(s.get("read_errors", 0) for s in st),
-                "lease_waits": sum(s.get("shared_lease_waits", 0) for s in st)}
+                "lease_waits": sum(s.get("shared_lease_waits", 0) for s in st),
+                # fresh nodes: their totals are this load's (results JSON only)
+                **{k: round(sum(s.get(k, 0) for s in st), 3) for k in DELTAS}}
 
 
 class BreakerWatch:
