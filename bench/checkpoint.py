@@ -316,9 +316,11 @@ def link_upload(s3, bucket: str, key: str, data: bytes,
 
         def put(i):
             body = data[i * part:(i + 1) * part]
-            etag = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=i + 1,
-                                  Body=body)["ETag"]
-            return {"PartNumber": i + 1, "ETag": etag}
+            r = s3.upload_part(Bucket=bucket, Key=key, UploadId=up, PartNumber=i + 1,
+                               Body=body)
+            # botocore >= 1.36 sends a CRC32 per part; completing then names it too
+            return {"PartNumber": i + 1, "ETag": r["ETag"],
+                    **{k: r[k] for k in ("ChecksumCRC32",) if r.get(k)}}
         parts = list(ex.map(put, range(n)))
         s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up,
                                      MultipartUpload={"Parts": parts})
