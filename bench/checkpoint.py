@@ -150,20 +150,24 @@ def _key(system: str) -> str:
     return f"{PREFIX}/{system}/{FILE}"
 
 
-def _clock(fn, unit: str, nbytes: int) -> dict:
-    """``fn()`` timed; a row's seconds (= value), unit and bytes, plus what fn returns."""
+def _clock(fn, unit: str, nbytes: int, marks: dict | None = None) -> dict:
+    """``fn()`` timed; a row's seconds (= value), unit and bytes, plus what fn returns.
+    ``marks`` gets the start and end (``time.monotonic()``)."""
     t0 = time.monotonic()
     out = fn() or {}
-    dt = time.monotonic() - t0
-    return {"seconds": dt, "value": dt, "unit": unit, "bytes": nbytes, **out}
+    t1 = time.monotonic()
+    if marks is not None:
+        marks.update(t0=t0, t1=t1)
+    return {"seconds": t1 - t0, "value": t1 - t0, "unit": unit, "bytes": nbytes, **out}
 
 
 # Row fields that describe reads (Ctx.measure adds them); a write phase drops them so
 # that the table's MB/s and x link columns stay those of reads.
 _READ_FIELDS = ("mbps", "byte_hit_rate_est", "hit_rate", "served_by_page_cache",
                 "prefetch_precision")
-_SUMMED = ("seconds", "cpu_s", "cpu_client_s", "cpu_daemon_s", "link_bytes_up",
-           "link_bytes_down", "link_connections")
+_CPU = ("cpu_s", "cpu_client_s", "cpu_daemon_s")
+_LINK = {"link_bytes_up": "bytes_up", "link_bytes_down": "bytes_down",
+         "link_connections": "connections"}
 
 
 def _write_row(r: dict) -> dict:
@@ -261,11 +265,19 @@ def _save_rows(ctx, m: Mounted, payload: Payload) -> list[dict]:
         def save():
             with open(path, "wb") as f:
                 return payload.save(f)
-    s = _write_row(ctx.measure(m, "save", lambda: _clock(save, "s close", payload.nbytes)))
+    # durable counts from the start of the save to the end of the wait, including the
+    # harness's own moment between the two measurements (uploads go on meanwhile), and
+    # every byte the link carried in that span
+    p0, ms, mw = ctx.proxy.stats(), {}, {}
+    s = _write_row(ctx.measure(m, "save", lambda: _clock(save, "s close", payload.nbytes,
+                                                        ms)))
     w = ctx.measure(m, "durable", lambda: _clock(
-        lambda: _durable(ctx, m, path, key, s["bytes"]), "s durable", s["bytes"]))
-    d = _write_row({**w, **{k: s.get(k, 0) + w.get(k, 0) for k in _SUMMED},
-                    "wait_s": w["seconds"], "close_s": s["seconds"], "xxh3": s["xxh3"]})
+        lambda: _durable(ctx, m, path, key, s["bytes"]), "s durable", s["bytes"], mw))
+    p1 = ctx.proxy.stats()
+    d = _write_row({**w, **{k: s.get(k, 0) + w.get(k, 0) for k in _CPU},
+                    **{k: p1[v] - p0[v] for k, v in _LINK.items()},
+                    "seconds": mw["t1"] - ms["t0"], "wait_s": w["seconds"],
+                    "close_s": s["seconds"], "xxh3": s["xxh3"]})
     d["value"] = d["seconds"]
     got = (_file_digest(path) if not m.remote
            else _object_digest(ctx.s3, ctx.bucket, key))
