@@ -8,13 +8,13 @@
   the mount first (neuralcache.hints.publish_order, what HintingSampler does)
 * ``rclone``                  ``rclone mount`` with ``--vfs-cache-mode full``, read-ahead on
 * ``s3fs``                    ``s3fs`` with ``use_cache`` and a raised ``parallel_count``
+* the peers (bench/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
+  ``-tuned`` rows -- not mounts but *client* systems: libraries the workload calls
 
 Mounts are read-only unless a scenario asks ``MountOptions(writable=True)`` (the
 checkpoint scenario): neuralcache ``--writable``, rclone ``--vfs-cache-mode writes``
 without ``--read-only``, s3fs without ``ro``; ``Mounted.sync()`` is then the system's own
 barrier (``neuralcache sync MNT``), where it has one.
-* the peers (bench/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
-  ``-tuned`` rows -- not mounts but *client* systems: libraries the workload calls
 
 Every remote system reaches SeaweedFS through the same WAN proxy.  ``System.open()`` is
 a context manager yielding a ``Mounted``: for a mount (``kind == "mount"``) its ``root``
