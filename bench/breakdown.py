@@ -10,7 +10,9 @@ Three workloads, in one run, each on a fresh mount of an empty cache (except war
 * ``bigfile disk``   the same, remounted: memory and page cache empty, blocks from the
                      disk cache (every epoch of a dataset larger than RAM);
 * ``files cold``     N small files read once each in random order by R reader threads
-                     (the ImageNet case), no hints.
+                     (the ImageNet case), no hints;
+* ``files warm``, ``files warm 2``  the next two epochs (new orders) on the same mount,
+                     page cache warm: what each open still costs the daemon.
 
 The daemon runs with ``NEURALCACHE_CPU_ACCOUNTING=1`` (neuralcache/cpuacct.py): its
 CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also shown
@@ -192,6 +194,12 @@ def main(argv=None) -> int:
                     with mount("c2") as mnt:
                         rows["files cold"] = measure(
                             mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 1))
+                        # the next epochs, page cache warm (bench's "samples warm"): the
+                        # first right after the cold one, the second after that
+                        rows["files warm"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 2))
+                        rows["files warm 2"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 3))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"CPU breakdown, {a.rtt_ms:.0f} ms RTT, {size / GIB:.2f} GiB file, {a.files} x "

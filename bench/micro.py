@@ -2,7 +2,8 @@
 
     python -m bench.micro get-cpu [--n 500] [--size 100000]
         CPU per ranged GET: botocore GetObject vs NeuralCache's read path (SigV4-signed
-        urllib3), against an embedded SeaweedFS (no WAN delay: CPU is the point).
+        urllib3) vs obstore (Rust object_store, when installed), against an embedded
+        SeaweedFS (no WAN delay: CPU is the point).
     python -m bench.micro lru-leak [--n 300]
         RSS growth of evicting n 1 MiB values from lru-dict with popitem() vs
         peek_last_item() + del (the memory tier uses the latter).
@@ -50,9 +51,22 @@ def get_cpu(n: int, size: int) -> None:
                                      IfMatch=f'"{v}"')
             return r["Body"].read()
 
-        for name, fn in (("botocore GetObject", boto),
-                         ("neuralcache read (urllib3 + SigV4)",
-                          lambda: b.read("x", 0, size, v))):
+        clients = [("botocore GetObject", boto),
+                   ("neuralcache read (urllib3 + SigV4)", lambda: b.read("x", 0, size, v))]
+        try:        # the Rust object_store client, for comparison (the peers extra has it)
+            import obstore
+            from obstore.store import S3Store
+            env = sw.env()
+            st = S3Store("micro", endpoint=sw.endpoint, region="us-east-1",
+                         access_key_id=env["AWS_ACCESS_KEY_ID"],
+                         secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                         client_options={"allow_http": True},
+                         virtual_hosted_style_request=False)
+            clients.append(("obstore get (range, if_match)", lambda: obstore.get(
+                st, "x", options={"range": (0, size), "if_match": v}).bytes()))
+        except ImportError:
+            print("(obstore not installed: pip install -e '.[peers]' to compare it)")
+        for name, fn in clients:
             for _ in range(20):
                 fn()
             c0 = _cpu()

@@ -3,7 +3,8 @@
 * ``s3torchconnector`` -- AWS's connector (the Mountpoint CRT client under PyTorch
   datasets): ``S3MapDataset`` / ``S3IterableDataset`` straight on the original objects,
   ``endpoint=`` the WAN proxy, ``S3ClientConfig(force_path_style=True)``.  Scenarios:
-  samples, shards, bigfile, train-files.
+  samples, shards, bigfile, train-files; checkpoint (``S3Checkpoint``, same client
+  configuration).
 * ``mosaic`` -- MosaicML Streaming: the dataset converted once to MDS shards in the
   bucket (``mds/<dataset>/``), read with ``StreamingDataset`` and a PyTorch DataLoader
   as its docs recommend (its ``batch_size`` = the loader's, persistent workers).
@@ -51,7 +52,7 @@ from bench.workloads import READ_CHUNK, SAMPLE_THREADS, _order
 # name -> (module to import, pip name, scenarios it runs in)
 PEERS = {
     "s3torchconnector": ("s3torchconnector", "s3torchconnector",
-                         ("samples", "shards", "bigfile", "train-files")),
+                         ("samples", "shards", "bigfile", "train-files", "checkpoint")),
     "mosaic": ("streaming", "mosaicml-streaming", ("samples", "train-files")),
     "litdata": ("litdata", "litdata", ("samples", "train-files")),
 }
@@ -350,6 +351,12 @@ class S3TorchClient(PeerClient):
         return {"seconds": dt, "bytes": nbytes, "files": len(order), "readers": n,
                 "verify_errors": sum(r[1] for r in res), "value": nbytes / dt / 1e6,
                 "unit": "MB/s"}
+
+    def checkpoint(self):
+        """``S3Checkpoint`` (``.writer(uri)`` for torch.save, ``.reader(uri)`` for
+        torch.load) on the proxy, configured like the datasets (checkpoint scenario)."""
+        from s3torchconnector import S3Checkpoint
+        return S3Checkpoint(**self._kw())
 
     def bigfile_read(self, ds_name, manifest):
         t0 = time.monotonic()

@@ -154,6 +154,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             continue
         if s == "maze":
             continue   # bench/maze/scenario.py draws its own throughput and loss plots
+        if s == "checkpoint":
+            continue   # seconds (save, durable) and MB/s (reload) share no axis: table only
         path = Path(out) / f"{s}.png"
         if s == "train":
             made.append(windows_plot(path, [(r["system"], r["windows"]) for r in rs

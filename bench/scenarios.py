@@ -11,7 +11,7 @@ import importlib
 import time
 from typing import Callable
 
-from bench import peers
+from bench import checkpoint, peers
 from bench import train as train_mod
 from bench import trainfiles as tf
 from bench import workloads as wl
@@ -219,6 +219,7 @@ def fio(ctx):
 for _fn in (shards, samples, train, bigfile, overflow, fio):
     register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
 register("train-files", train_files, default=True, hints=True)
+register("checkpoint", checkpoint.scenario)    # bench/checkpoint.py; long: not in "all"
 register("multinode", importlib.import_module("bench.multinode").scenario)
 
 

@@ -11,6 +11,11 @@
 * the peers (bench/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
   ``-tuned`` rows -- not mounts but *client* systems: libraries the workload calls
 
+Mounts are read-only unless a scenario asks ``MountOptions(writable=True)`` (the
+checkpoint scenario): neuralcache ``--writable``, rclone ``--vfs-cache-mode writes``
+without ``--read-only``, s3fs without ``ro``; ``Mounted.sync()`` is then the system's own
+barrier (``neuralcache sync MNT``), where it has one.
+
 Every remote system reaches SeaweedFS through the same WAN proxy.  ``System.open()`` is
 a context manager yielding a ``Mounted``: for a mount (``kind == "mount"``) its ``root``
 and ``stats()``, for a client (``kind == "client"``) no root but ``client``, the object
@@ -37,6 +42,8 @@ from bench.cpu import find_pids
 MOUNT_TIMEOUT_S = 60.0
 # After fusermount -u, how long a daemon may take to exit before SIGTERM/SIGKILL.
 EXIT_GRACE_S = 10.0
+# `neuralcache umount` (of a writable mount it waits for pending uploads first).
+UMOUNT_TIMEOUT_S = 120.0
 # s3fs needs multipart_size (10 MiB) x parallel_count (16) of free disk beyond
 # ensure_diskfree to start, plus some slack: its smallest honourable cache limit.
 S3FS_MIN_CACHE_MB = 10 * 16 + 16
@@ -66,6 +73,7 @@ class Mounted:
     info: dict = field(default_factory=dict)  # mount time, command line, cache dir, ...
     kind: str = "mount"                       # "mount" | "client"
     client: object = None                     # the peer's workloads (kind "client")
+    sync_fn: Callable[[], None] | None = None  # a writable mount's barrier (neuralcache sync)
 
     def daemon_pids(self) -> list[int]:
         """The processes serving this system (their CPU counts with the workload's)."""
@@ -78,6 +86,15 @@ class Mounted:
         except Exception:  # stats are best effort; never fail a measurement on them
             return None
 
+    def sync(self) -> bool:
+        """Wait until everything written through this mount is on the remote, with the
+        system's own barrier; False if it has none (then closing a file is all it
+        offers).  Raises if the barrier fails."""
+        if self.sync_fn is None:
+            return False
+        self.sync_fn()
+        return True
+
 
 @dataclass
 class MountOptions:
@@ -85,6 +102,8 @@ class MountOptions:
 
     cache_mb: int = 10240          # disk cache limit
     memory_cache_mb: int = 1024    # neuralcache memory tier
+    writable: bool = False         # writes on (neuralcache --writable, rclone
+                                   # --vfs-cache-mode writes, s3fs rw); read-only otherwise
 
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -318,17 +337,19 @@ class RcloneSystem(System):
                 opts: MountOptions) -> list[str]:
         # Tuned as a fair user would for a read-only training set over a WAN: full VFS
         # cache, big read chunks and read-ahead, more transfers, long metadata caching.
+        # Writable (checkpoints): "--vfs-cache-mode writes", rclone's mode for writing
+        # through a mount (a file is written to the cache, uploaded after close).
         return ["rclone", "mount", f"bench:{self.env.bucket}", str(mnt),
                 "--config", str(conf), "--cache-dir", str(cache),
-                "--vfs-cache-mode", "full",
+                "--vfs-cache-mode", "writes" if opts.writable else "full",
                 "--vfs-cache-max-size", f"{opts.cache_mb}M",
                 "--vfs-cache-poll-interval", "1s",    # default 1m never evicts in a short run
                 "--vfs-read-chunk-size", "16M", "--vfs-read-chunk-size-limit", "off",
                 "--vfs-read-ahead", "64M", "--buffer-size", "16M",
                 "--transfers", "16", "--checkers", "16",
                 "--dir-cache-time", "1h", "--attr-timeout", "60s",
-                "--max-read-ahead", "1M", "--read-only", "--no-modtime",
-                "--log-file", str(log), "--log-level", "NOTICE"]
+                "--max-read-ahead", "1M", *([] if opts.writable else ["--read-only"]),
+                "--no-modtime", "--log-file", str(log), "--log-level", "NOTICE"]
 
     @contextlib.contextmanager
     def mount(self, opts=None):
@@ -389,7 +410,7 @@ class S3fsSystem(System):
         o = ",".join(extra + [
             f"url={self.env.endpoint}", "use_path_request_style",
             f"passwd_file={pw}", f"use_cache={cache}", f"endpoint={self.env.region}",
-            "parallel_count=16", "multireq_max=32", "ro",
+            "parallel_count=16", "multireq_max=32", *([] if opts.writable else ["ro"]),
             "stat_cache_expire=3600", "max_stat_cache_size=200000", "enable_noobj_cache",
             f"logfile={log}", "dbglevel=warn",
         ])
@@ -481,6 +502,8 @@ class NeuralCacheSystem(System):
                "--memory-cache-size", f"{opts.memory_cache_mb}M"]
         if not self.prefetch:
             cmd += ["--readahead", "off", "--prefetch", "off"]
+        if opts.writable:
+            cmd += ["--writable"]
         t0 = time.monotonic()
         with open(log, "ab") as lf:
             try:
@@ -496,15 +519,27 @@ class NeuralCacheSystem(System):
         try:
             _wait_mounted(mnt, None, log, timeout=10)
             yield Mounted(self.name, mnt, remote=True, stats_fn=lambda: self._stats(mnt),
+                          sync_fn=(lambda: self._sync(mnt)) if opts.writable else None,
                           info={"mount_s": time.monotonic() - t0, "cmd": cmd,
-                                "hints": self.hints,
+                                "hints": self.hints, "writable": opts.writable,
                                 "daemon_pids": find_pids(str(mnt), "neuralcache"),
                                 "fuse_dev": _fuse_dev(mnt), "code": code_revision()})
         finally:
-            subprocess.run([exe, "umount", str(mnt)], env=self._env(), capture_output=True,
-                           timeout=60)
+            # a writable mount's umount waits for pending uploads first (then the cache,
+            # journal included, is wiped: a scenario syncs before it lets go)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                subprocess.run([exe, "umount", str(mnt)], env=self._env(),
+                               capture_output=True, timeout=UMOUNT_TIMEOUT_S)
             unmount(mnt)
             _wipe(cache)
+
+    def _sync(self, mnt: Path) -> None:
+        """``neuralcache sync MNT``: returns once everything written is on the remote."""
+        r = subprocess.run([neuralcache_binary(), "sync", str(mnt)], env=self._env(),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"neuralcache sync exited {r.returncode}: "
+                               f"{(r.stderr or r.stdout).strip()[-200:]}")
 
 
 def make_system(name: str, env: SystemEnv) -> System:

@@ -8,7 +8,7 @@ import boto3
 import pytest
 import urllib3
 
-from conftest import delete_bucket, new_bucket, payload, upload_tree
+from conftest import delete_bucket, digest, new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
 from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
@@ -314,6 +314,23 @@ def test_multipart_upload_in_any_order(wbackend):
     backend.upload_part("big/aborted.bin", upload, 1, 0, data[:part])
     backend.abort_multipart("big/aborted.bin", upload)
     assert {o.key for o in backend.list_all() if o.key.startswith("big/")} == {"big/m.bin"}
+
+
+def test_copy_above_the_single_copy_limit_goes_in_parts(wbackend, monkeypatch):
+    """A rename of an uploaded checkpoint shard over 5 GiB (CopyObject's limit) copies
+    it with UploadPartCopy; here the limits are lowered so 11 MiB takes that path."""
+    from neuralcache.backends import s3write
+    monkeypatch.setattr(s3write, "COPY_MAX", 5 << 20)
+    monkeypatch.setattr(s3write, "COPY_PART", 5 << 20)
+    backend = wbackend
+    data = payload(42, 11 << 20)
+    backend.put("ckpt/shard.tmp", data)
+    c = backend.copy("ckpt/shard.tmp", "ckpt/shard.bin")
+    assert c.size == len(data)
+    got = backend.stat("ckpt/shard.bin")
+    assert got.size == len(data) and got.version == c.version
+    assert digest(backend.read("ckpt/shard.bin", 0, len(data), got.version)) == digest(data)
+    assert backend.stat("ckpt/shard.tmp").size == len(data)      # a copy, not a move
 
 
 def test_s3_write_denied_is_permission_denied(seaweed, write_bucket, monkeypatch):

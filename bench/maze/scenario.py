@@ -11,9 +11,13 @@
    NeuralCache mount; nowhere else). Rows: samples/s overall and per window of batches,
    stall fraction, accuracy on the 64 eval mazes before/after, the bytes digest and the
    largest loss-curve difference against local.
-3. Uploads each run's checkpoint (safetensors) to ``maze/checkpoints/SYSTEM/``; then per
-   system mounts fresh again and times a new process loading the checkpoint that the
-   first remote system trained and generating its first token (``bench.maze.ttft``).
+3. Each run's checkpoint (safetensors) goes to ``maze/checkpoints/SYSTEM/``: NeuralCache
+   is mounted ``--writable`` for training, the job saves its checkpoint into
+   ``MNT/maze/checkpoints/SYSTEM/`` and ``neuralcache sync`` makes it durable (then it is
+   fetched from the bucket for the comparisons); the other systems' checkpoints are
+   uploaded from the job's local output.  Then per system mounts fresh again and times a
+   new process loading the checkpoint that the first remote system trained and
+   generating its first token (``bench.maze.ttft``).
 4. Writes ``maze_throughput.png`` (samples/s per batch window, all systems) and
    ``maze_loss.png`` (loss curves overlaid) next to results.json.
 """
@@ -33,6 +37,7 @@ import xxhash
 
 from bench import datasets, report
 from bench.seqread import cpu_seconds
+from bench.systems import MountOptions
 
 from . import config, data, prepare
 
@@ -96,14 +101,22 @@ def _prepare(ctx, cfg: dict) -> dict:
     return man
 
 
-def _train(ctx, root: Path, out: Path, cfg: dict) -> dict:
-    """One training job in a fresh process; returns its result.json."""
+def _writable(system: str) -> bool:
+    """The systems whose training run saves its checkpoint through the mount."""
+    return system.startswith("neuralcache")
+
+
+def _train(ctx, root: Path, out: Path, cfg: dict, ckpt_dir: Path | None = None) -> dict:
+    """One training job in a fresh process; returns its result.json.  The checkpoint goes
+    to ``ckpt_dir`` (a writable mount) or OUT/checkpoint."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "bench.maze.train", "--data-root", str(root),
            "--layout", "files", "--steps", str(cfg["steps"]),
            "--batch-size", str(cfg["batch_size"]), "--workers", str(WORKERS),
            "--threads", "1", "--preset", cfg["preset"], "--lr", str(cfg["lr"]),
            "--window", str(WINDOW), "--seed", str(ctx.seed), "--hints", "--out", str(out)]
+    if ckpt_dir is not None:
+        cmd += ["--checkpoint-dir", str(ckpt_dir)]
     with open(out / "train.log", "wb") as log:
         r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=log,
                            timeout=_limit_s(cfg))
@@ -131,6 +144,45 @@ def _upload_checkpoint(ctx, ckpt: Path, key_prefix: str) -> str:
         if f.suffix == ".safetensors":
             digest = xxhash.xxh64_hexdigest(body)
     return digest
+
+
+def _fetch_checkpoint(ctx, key_prefix: str, dest: Path, written: dict[str, str]) -> str:
+    """Download what a writable mount put under ``key_prefix`` (straight from SeaweedFS)
+    into ``dest``, checking each file against the xxh64 the mount showed (``written``:
+    name -> xxh64); returns the safetensors' xxh64."""
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    got = {}
+    pages = ctx.s3.get_paginator("list_objects_v2").paginate(Bucket=ctx.bucket,
+                                                              Prefix=key_prefix + "/")
+    for page in pages:
+        for o in page.get("Contents", []):
+            name = o["Key"][len(key_prefix) + 1:]
+            if name in written:
+                body = ctx.s3.get_object(Bucket=ctx.bucket, Key=o["Key"])["Body"].read()
+                (dest / name).write_bytes(body)
+                got[name] = xxhash.xxh64_hexdigest(body)
+    if got != written:
+        bad = sorted(n for n in written if got.get(n) != written[n])
+        raise RuntimeError(f"after neuralcache sync the bucket lacks or differs in "
+                           f"{', '.join(bad)} under {key_prefix}/")
+    return next((d for n, d in got.items() if n.endswith(".safetensors")), "")
+
+
+def _save_through_mount(ctx, m, r: dict) -> None:
+    """The job saved its checkpoint into the writable mount: sync, then check and fetch
+    what landed in the bucket (the local copy the TTFT phase and local disk use)."""
+    ck = Path(r["_result"]["checkpoint"])
+    written = {f.name: xxhash.xxh64_hexdigest(f.read_bytes())
+               for f in sorted(ck.iterdir()) if f.is_file()}
+    t0 = time.monotonic()
+    m.sync()
+    r["checkpoint_sync_s"] = time.monotonic() - t0
+    local = Path(ctx.out_dir) / "maze" / m.name / "checkpoint"
+    r["checkpoint_xxh64"] = _fetch_checkpoint(ctx, f"{PREFIX}/checkpoints/{m.name}", local,
+                                              written)
+    r["checkpoint_via"] = "mount"
+    r["_result"]["checkpoint"] = str(local)
 
 
 def _cpu_s(pids: list[int | None]) -> list[float | None]:
@@ -224,18 +276,26 @@ def scenario(ctx) -> list[dict]:
         pids = [m.info.get("pid") or (m.stats() or {}).get("pid")]
         pids += _remote_side_pids(ctx)
         cpu0 = _cpu_s(pids)
+        ckpt_dir = m.root / PREFIX / "checkpoints" / m.name if m.sync_fn else None
         r = ctx.measure(m, "train", lambda: _as_row(_train(
-            ctx, m.root / PREFIX, out_base / m.name, cfg)))
+            ctx, m.root / PREFIX, out_base / m.name, cfg, ckpt_dir)))
         cpu1 = _cpu_s(pids)
         d = [b - a if a is not None and b is not None else None for a, b in zip(cpu0, cpu1)]
         r["daemon_cpu_s"] = d[0]
         r["remote_side_cpu_s"] = sum(x for x in d[1:] if x is not None)
-        r["checkpoint_xxh64"] = _upload_checkpoint(ctx, Path(r["_result"]["checkpoint"]),
-                                                   f"{PREFIX}/checkpoints/{m.name}")
+        if ckpt_dir is not None:
+            _save_through_mount(ctx, m, r)
+        else:
+            r["checkpoint_xxh64"] = _upload_checkpoint(
+                ctx, Path(r["_result"]["checkpoint"]), f"{PREFIX}/checkpoints/{m.name}")
+            r["checkpoint_via"] = "upload"
         return [r]
 
-    rows = ctx.each_mounted("maze", systems, train, timeout_s=_limit_s(cfg), phase="train",
-                            step=f"train ({cfg['steps']} steps x {cfg['batch_size']})")
+    rows = []
+    for s in systems:          # NeuralCache writable: the job saves through the mount
+        rows += ctx.each_mounted("maze", [s], train, timeout_s=_limit_s(cfg), phase="train",
+                                 step=f"train ({cfg['steps']} steps x {cfg['batch_size']})",
+                                 opts=MountOptions(writable=_writable(s)))
     for r in rows:                      # the systems that trained and unmounted cleanly
         if "_result" in r:
             results[r["system"]] = r.pop("_result")
@@ -314,6 +374,9 @@ def _summary(results: dict, rows: list[dict], cfg: dict, man: dict) -> list[str]
                  f"CPU: trainer {res['cpu_s']:.0f} s"
                  + (f", mount daemon {r['daemon_cpu_s']:.0f} s" if r.get("daemon_cpu_s") else "")
                  + f", SeaweedFS + WAN proxy {r.get('remote_side_cpu_s') or 0:.0f} s"]
+        if r.get("checkpoint_via") == "mount":
+            parts.append(f"checkpoint saved through the mount (--writable), neuralcache "
+                         f"sync {r['checkpoint_sync_s']:.1f} s, checked in the bucket")
         if "same_bytes_as_local" in r:
             parts.append("same bytes as local" if r["same_bytes_as_local"]
                          else "BYTES DIFFER FROM LOCAL")

@@ -2,6 +2,7 @@
 
     python -m bench.maze.train --data-root DIR --layout files|shards --steps N \
         --batch-size B --workers W --out OUTDIR [--seed S] [--preset small] [--eval-every K]
+        [--checkpoint-dir DIR]
 
 Determinism: the model init, the sampler order (files) or shard order + shuffle buffers
 (shards), the thread count and the optimizer are all fixed by --seed, so two runs that read
@@ -76,8 +77,10 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
           batch_size: int = DEFAULTS["batch_size"], workers: int = DEFAULTS["workers"],
           out=None, seed: int = 0, preset: str = DEFAULTS["preset"], lr: float = DEFAULTS["lr"],
           threads: int = DEFAULTS["threads"], window: int = DEFAULTS["window"],
-          eval_every: int = 0, hints: bool = False, log=None) -> dict:
-    """Run one training job; returns the result dict (also written to OUT/result.json)."""
+          eval_every: int = 0, hints: bool = False, log=None, checkpoint_dir=None) -> dict:
+    """Run one training job; returns the result dict (also written to OUT/result.json).
+    The checkpoint goes to ``checkpoint_dir`` (default OUT/checkpoint), e.g. a writable
+    mount."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -164,11 +167,11 @@ def train(data_root, *, layout: str = "files", steps: int = DEFAULTS["steps"],
     eval_s += time.perf_counter() - te
 
     ckpt = None
-    if out is not None:
+    if out is not None or checkpoint_dir is not None:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        ckpt = Path(out) / "checkpoint"
+        ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else Path(out) / "checkpoint"
         net.save_pretrained(ckpt, safe_serialization=True)
 
     samples = sum(b["samples"] for b in per_batch)
@@ -219,6 +222,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
     p.add_argument("--workers", type=int, default=DEFAULTS["workers"])
     p.add_argument("--out", required=True, help="writes result.json and checkpoint/ here")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="save the checkpoint here instead of OUT/checkpoint (e.g. on a "
+                        "writable mount)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--preset", default=DEFAULTS["preset"], help="model size: tiny|small|base")
     p.add_argument("--lr", type=float, default=DEFAULTS["lr"])
@@ -236,6 +242,7 @@ def main(argv=None) -> int:
     res = train(a.data_root, layout=a.layout, steps=a.steps, batch_size=a.batch_size,
                 workers=a.workers, out=a.out, seed=a.seed, preset=a.preset, lr=a.lr,
                 threads=a.threads, window=a.window, eval_every=a.eval_every, hints=a.hints,
+                checkpoint_dir=a.checkpoint_dir,
                 log=lambda m: print(m, file=sys.stderr, flush=True))
     print(json.dumps(res if a.full_json else summary(res), indent=1))
     return 0

@@ -327,6 +327,18 @@ class Operations(pyfuse3.Operations):
         t0 = time.monotonic()
         try:
             data = await self.store.read(p, off, size)
+        except NotFound:
+            if h.pinned is p:
+                st.read_errors += 1
+                raise
+            # Renamed here while this read waited: the move copied the object to its
+            # new key and deleted the old one (write/names.py _moved).  Read the copy.
+            p = h.pinned
+            try:
+                data = await self.store.read(p, off, size)
+            except Exception:
+                st.read_errors += 1
+                raise
         except Exception:
             st.read_errors += 1
             raise

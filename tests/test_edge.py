@@ -1,0 +1,76 @@
+"""The FUSE edge (fs/operations.py) called directly, without a kernel: races that a
+mount hits only under load, driven here step by step."""
+import errno
+
+import pyfuse3
+import pytest
+import trio
+
+from neuralcache.backends.base import ObjectInfo
+from neuralcache.errors import NotFound
+from neuralcache.fs.operations import FileHandle, Operations
+from neuralcache.fs.trace import TraceRing
+from neuralcache.namespace import Namespace
+from neuralcache.stats import Stats
+from neuralcache.store.blocks import Pinned
+
+OLD, NEW = "ckpt/.metadata.tmp", "ckpt/.metadata"
+DATA = b"pickled metadata"
+
+
+class Writes:
+    """What Operations asks of a --writable mount's write layer on this path."""
+    repin = invalidate_entry = None
+
+    def owns(self, h):
+        return False
+
+
+class MovingStore:
+    """A store whose fetch of the old key is overtaken by the rename's copy + delete:
+    the move finishes (the edge repins open handles) and the GET then finds nothing."""
+
+    def __init__(self, ops_ref: list, moved: bool = True):
+        self.ops_ref, self.moved, self.reads = ops_ref, moved, []
+
+    async def read(self, p: Pinned, off: int, size: int):
+        self.reads.append(p.key)
+        if p.key == OLD:
+            if self.moved:
+                self.ops_ref[0]._repin(OLD, ObjectInfo(NEW, len(DATA), "etag-2", 0.0))
+            raise NotFound(f"{p.key}: 404 NoSuchKey")
+        return DATA[off:off + size]
+
+
+def edge(store) -> Operations:
+    return Operations(Namespace(), store, None, Stats(), metadata_ttl=60,
+                      readahead_bytes=0, trace=TraceRing(0), controls=None,
+                      writes=Writes())
+
+
+def open_old(ops: Operations) -> int:
+    ns = ops.ns
+    node = ns.put_file(NEW, len(DATA), "etag-1", 0.0)
+    return ops._new_fh(FileHandle(node, Pinned(OLD, "etag-1", len(DATA)), None, 1))
+
+
+def test_read_racing_a_rename_reads_the_copy():
+    ref: list = []
+    store = MovingStore(ref)
+    ops = edge(store)
+    ref.append(ops)
+    fh = open_old(ops)
+    assert trio.run(ops.read, fh, 0, 100) == DATA
+    assert store.reads == [OLD, NEW] and ops.stats.read_errors == 0
+
+
+def test_a_gone_object_that_was_not_moved_is_enoent():
+    ref: list = []
+    store = MovingStore(ref, moved=False)
+    ops = edge(store)
+    ref.append(ops)
+    fh = open_old(ops)
+    with pytest.raises(pyfuse3.FUSEError) as e:
+        trio.run(ops.read, fh, 0, 100)
+    assert e.value.errno == errno.ENOENT
+    assert store.reads == [OLD] and ops.stats.read_errors == 1
