@@ -154,8 +154,8 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
             continue
         if s == "maze":
             continue   # bench/maze/scenario.py draws its own throughput and loss plots
-        if s == "checkpoint":
-            continue   # seconds (save, durable) and MB/s (reload) share no axis: table only
+        if s in ("checkpoint", "multinode"):
+            continue   # seconds and MB/s rows share no axis: the table says it all
         path = Path(out) / f"{s}.png"
         if s == "train":
             made.append(windows_plot(path, [(r["system"], r["windows"]) for r in rs

@@ -307,3 +307,38 @@ def test_block_format_and_bad_input():
                                                ("s", "k2", "v", 1, 0), ("s", "k", "v2", 1, 0),
                                                ("s", "k", "v", 2, 0), ("s", "k", "v", 1, 1))}
     assert len(names) == 6
+
+
+def test_breaker_counts_silence_from_the_first_unanswered_request():
+    """Three refused lookups in a row open the breaker only once nothing has come back
+    for BREAKER_SILENCE deadlines since the first of them -- also on a fresh node that
+    never had an answer (silence once counted from the clock's origin there, so a new
+    node's first three slow or failed lookups opened it at once).  No servers."""
+    import trio
+
+    from neuralcache.errors import Unavailable
+    from neuralcache.store.tiers import BlockKey
+
+    class Refusing:
+        bucket, prefix = "b", "p"
+
+        def get(self, name):
+            raise Unavailable("connection refused")
+
+        def put(self, name, body, create_only=False):
+            raise Unavailable("connection refused")
+
+    async def main():
+        t = sh.SharedTier(Refusing(), "src", "", 1 << 20)
+        t0 = time.monotonic()
+        for i in range(sh.BREAKER_FAILURES):
+            await t.get(BlockKey(key="k", version="v1", index=i), 10)
+        assert not t.down, "a fresh node's first failures opened the breaker at once"
+        while not t.down and time.monotonic() - t0 < 10 * t.deadline():
+            await t.get(BlockKey(key="k", version="v1", index=7), 10)
+            await trio.sleep(0.02)
+        assert t.down
+        waited = time.monotonic() - t0
+        assert sh.BREAKER_SILENCE * t.deadline() <= waited < 4 * t.deadline(), waited
+
+    trio.run(main)

@@ -106,8 +106,10 @@ MOUNT_CHECK_S = 3.0
 # A write-through PUT, in the background: the read deadline's cap, at least; its
 # timeouts are write errors, not breaker failures (no reader waits on them).
 PUT_DEADLINE_S = DEADLINE_MAX_S
-# Breaker: after BREAKER_FAILURES failed or timed-out reads in a row, when nothing at
-# all has come back from the tier for BREAKER_SILENCE deadlines (late answers count: a
+# Breaker: after BREAKER_FAILURES failed or timed-out requests in a row that a reader
+# waits on (lookups, lease creates and checks), when nothing at all has come back from
+# the tier for BREAKER_SILENCE deadlines since the first request after the last answer
+# (the first request ever, on a fresh node; late answers count: a
 # tier in a load spike is slow, not dead, and its requests time out together), the
 # tier is skipped (lookups are misses, nothing is written) and a background probe (one
 # small GET) asks it every BREAKER_OPEN_S until it answers -- recovery by itself, no
@@ -349,7 +351,7 @@ class SharedTier:
         """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
         timeout (counted; with ``breaker``, a step toward opening it)."""
         t0 = time.monotonic()
-        if self._asked < self._answered:     # the first request since the last answer
+        if self._asked <= self._answered:    # the first request since the last answer (or ever)
             self._asked = t0
 
         def timed():
