@@ -45,6 +45,7 @@ from .seaweed import SeaweedServer
 from .seqread import cpu_seconds
 from .systems import drop_page_cache
 from .wan import WanProxyProcess
+from .workloads import read_hashed
 
 GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.
@@ -74,17 +75,6 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
                                       s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
             "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0}
-
-
-def read_hashed(path: Path, chunk: int = 1 << 20) -> tuple[int, str]:
-    """Read a file sequentially in ``chunk`` reads; (bytes, xxh3_64 hex digest)."""
-    h = xxhash.xxh3_64()
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while b := f.read(chunk):
-            h.update(b)
-            n += len(b)
-    return n, h.hexdigest()
 
 
 def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: int):

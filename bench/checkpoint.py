@@ -41,7 +41,7 @@ from pathlib import Path
 import xxhash
 
 from bench.systems import MountOptions, Mounted, drop_page_cache
-from bench.workloads import LINK_RANGE, link_fetch
+from bench.workloads import LINK_RANGE, link_fetch, read_hashed
 
 SCENARIO = "checkpoint"
 PREFIX = "checkpoint"          # keys: checkpoint/SYSTEM/model.pt; local: DATA/checkpoint/...
@@ -191,16 +191,6 @@ def _object_digest(s3, bucket: str, key: str) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def _file_digest(path: Path) -> tuple[int, str]:
-    h = xxhash.xxh3_64()
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while b := f.read(WRITE):
-            h.update(b)
-            n += len(b)
-    return n, h.hexdigest()
-
-
 def _mismatch(got: tuple[int, str], nbytes: int, digest: str, where: str) -> str | None:
     if got == (nbytes, digest):
         return None
@@ -283,7 +273,7 @@ def _save_rows(ctx, m: Mounted, payload: Payload) -> list[dict]:
                     "seconds": mw["t1"] - ms["t0"], "wait_s": w["seconds"],
                     "close_s": s["seconds"], "xxh3": s["xxh3"]})
     d["value"] = d["seconds"]
-    got = (_file_digest(path) if not m.remote
+    got = (read_hashed(path, WRITE) if not m.remote
            else _object_digest(ctx.s3, ctx.bucket, key))
     err = _mismatch(got, s["bytes"], s["xxh3"], "the local file" if not m.remote
                     else f"s3://{ctx.bucket}/{key}")

@@ -121,6 +121,15 @@ LABELS = {"without": "4x neuralcache", "with": "4x nc --shared-cache",
           "rclone": "4x rclone", "s3fs": "4x s3fs"}
 
 
+def _each_at_once(fn, n: int) -> None:
+    """``fn(rank)`` for every rank in its own thread, all at once (the nodes); joined."""
+    threads = [threading.Thread(target=fn, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 @dataclasses.dataclass
 class Params:
     nodes: int = 4
@@ -303,11 +312,7 @@ class Bench:
         s0 = [f() if f else {} for _, f in nodes]
         t0 = time.monotonic()
         with guard([root for root, _ in nodes], f"epoch {epoch}", self.s.log):
-            threads = [threading.Thread(target=node, args=(r,)) for r in range(n)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            _each_at_once(node, n)
         wall = time.monotonic() - t0
         if fault.get("thread"):
             fault["thread"].join()
@@ -423,11 +428,7 @@ class Bench:
                 ok[r] = h.hexdigest() == digest
 
             with guard([root for root, _ in nodes], "checkpoint load", self.s.log):
-                threads = [threading.Thread(target=load, args=(r,)) for r in range(n)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                _each_at_once(load, n)
             wan = self.wan_down() - w0
             st = [f() for _, f in nodes]
         return {"nodes": n, "origin_x": wan / size, "max_s": max(times),

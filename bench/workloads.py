@@ -26,18 +26,21 @@ LINK_CONCURRENCY = 64    # link ceiling: GETs in flight (best of 16/32/64 measur
 LINK_RANGE = 8 << 20     # link ceiling: ranged GET size for big objects
 
 
-def read_verify(path: Path, expect: str | None, chunk: int = READ_CHUNK) -> tuple[int, bool]:
-    """Read ``path`` to the end; (bytes read, xxh3 matched or nothing to check)."""
+def read_hashed(path: Path, chunk: int = READ_CHUNK) -> tuple[int, str]:
+    """Read ``path`` to the end in ``chunk`` reads; (bytes read, xxh3_64 hex digest)."""
     h = xxhash.xxh3_64()
     n = 0
     with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                break
+        while b := f.read(chunk):
             h.update(b)
             n += len(b)
-    return n, (expect is None or h.hexdigest() == expect)
+    return n, h.hexdigest()
+
+
+def read_verify(path: Path, expect: str | None, chunk: int = READ_CHUNK) -> tuple[int, bool]:
+    """Read ``path`` to the end; (bytes read, xxh3 matched or nothing to check)."""
+    n, got = read_hashed(path, chunk)
+    return n, (expect is None or got == expect)
 
 
 def _order(files: list[str], seed: int) -> list[str]:
