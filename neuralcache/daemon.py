@@ -249,6 +249,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             extra["cpu_s"] = cpu
         if shared is not None:
             extra.update(shared.snapshot())
+        if hasattr(backend, "native_stats"):
+            extra.update(backend.native_stats())
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()

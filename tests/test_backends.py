@@ -88,6 +88,38 @@ def test_read_is_pinned_to_version(backend):
     assert backend.read("top.txt", 0, 5, new.version) == b"HELLO"
 
 
+def test_s3_small_reads_go_native_and_fall_back(backend, monkeypatch):
+    """GETs up to 1 MiB go through obstore (s3native.py) with the same range and
+    version pinning; anything it cannot do is served by the Python path."""
+    if not hasattr(backend, "native_stats"):
+        pytest.skip("S3 only")
+    pytest.importorskip("obstore")
+    from neuralcache.backends import s3native
+    backend.check()                                  # the region is settled
+    data = FILES["train/class1/c d ü.bin"]         # a key that needs quoting
+    info = backend.stat("train/class1/c d ü.bin")
+    assert backend.read(info.key, 10, 2000, info.version) == data[10:2010]
+    assert backend.native_stats()["native_gets"] == 1
+    with pytest.raises(NotFound):
+        backend.read("nope.bin", 0, 10, "")
+    with pytest.raises(VersionChanged):
+        backend.read(info.key, 0, 10, "0123456789abcdef0123456789abcdef")
+    fails = backend.native_stats()["native_fallbacks"]
+    assert fails == 0
+    # obstore cannot serve (here: any error): the Python path reads the same bytes
+    monkeypatch.setattr(backend._native, "_store", lambda region: 1 / 0)
+    for _ in range(s3native.FAILS_BEFORE_PAUSE + 2):
+        assert backend.read(info.key, 0, len(data), info.version) == data
+    st = backend.native_stats()
+    assert st["native_fallbacks"] == s3native.FAILS_BEFORE_PAUSE   # then it rests
+    assert st["native_gets"] == 1
+    # a GET above NATIVE_MAX_BYTES never goes native
+    monkeypatch.setattr(s3native, "NATIVE_MAX_BYTES", 10)
+    monkeypatch.setattr(backend._native, "_rest_until", 0.0)
+    assert backend.read(info.key, 0, 11, info.version) == data[:11]
+    assert backend.native_stats()["native_fallbacks"] == s3native.FAILS_BEFORE_PAUSE
+
+
 def test_s3_missing_bucket(seaweed, monkeypatch):
     for k, v in seaweed.env().items():
         monkeypatch.setenv(k, v)

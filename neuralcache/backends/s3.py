@@ -5,7 +5,9 @@ Listing, stat and the mount-time check go through a botocore client.  Ranged rea
 the hot path, are signed with botocore's SigV4 signer and sent with urllib3 directly:
 a botocore GetObject costs ~2.7 ms of CPU, the direct request ~1.25 ms on 100 KB
 objects (`python -m bench.micro get-cpu`), and a Python daemon serving 100 KB samples is CPU-bound on exactly
-that.  All of it is blocking; callers run these methods in worker threads.  Retries
+that.  GETs of at most 1 MiB go through obstore when it is installed (s3native.py:
+about a third of that CPU again), falling back to this path on anything but a 404 or
+412.  All of it is blocking; callers run these methods in worker threads.  Retries
 are ours (``neuralcache.backends.retry``); botocore's own are off so that one policy applies.
 
 Regions: botocore follows a bucket's region redirect, our hand-signed GETs do not, so
@@ -33,7 +35,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
-from . import retry
+from . import retry, s3native
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 from .s3write import S3Writes
@@ -122,6 +124,16 @@ class S3Backend(S3Writes):
         region_now = self._client.meta.region_name
         self._target = (region_now, self._object_base_url(region_now))
         self._pool = self._make_pool(concurrency)
+        # Small GETs through obstore where it can serve them (s3native.py); None: every
+        # read takes the Python path below.  Only once the region is settled (check(),
+        # or a read that learned it): a GET signed for the wrong region is the Python
+        # path's to make, once.
+        self._native = None
+        self._region_settled = False
+        if s3native.wanted() and s3native.NativeGets.usable(session, endpoint_url):
+            self._native = s3native.NativeGets(
+                session, bucket, endpoint_url,
+                virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))
 
     def _make_client(self, region: str):
         return self._session.client("s3", endpoint_url=self.endpoint_url, region_name=region,
@@ -141,6 +153,7 @@ class S3Backend(S3Writes):
             old = self._target[0]
             self._client = self._make_client(region)   # in-flight calls keep the old one
             self._target = (region, self._object_base_url(region))
+            self._region_settled = True
         log.info("bucket %r is in region %s (%s; was signing for %s)", self.bucket, region,
                  why, old)
 
@@ -304,6 +317,7 @@ class S3Backend(S3Writes):
                             "is found automatically) or correct it")
         else:
             self._use_region(found, "HeadBucket")
+        self._region_settled = True
 
     def _bucket_region(self) -> str | None:
         """The region the server says the bucket is in (HeadBucket's
@@ -375,8 +389,18 @@ class S3Backend(S3Writes):
     def read(self, key: str, offset: int, length: int, version: str) -> bytes:
         if length <= 0:
             return b""
+        if (self._native is not None and self._region_settled
+                and length <= s3native.NATIVE_MAX_BYTES):
+            data = self._native.read(self.region, self.prefix + key, offset, length, version)
+            if data is not None:
+                return data
         return self._call(f"read {key}@{offset}+{length}",
                           lambda: self._direct_read(key, offset, length, version))
+
+    def native_stats(self) -> dict:
+        n = self._native
+        return {"native_gets": n.used if n else 0,
+                "native_fallbacks": n.fell_back if n else 0}
 
     def close(self) -> None:
         try:
