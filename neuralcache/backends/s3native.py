@@ -20,6 +20,7 @@ for anonymous access, and for an https endpoint with a custom CA bundle
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import logging
 import os
 import threading
@@ -50,11 +51,7 @@ def wanted() -> bool:
     """obstore is importable and not switched off."""
     if os.environ.get("NEURALCACHE_NATIVE_GET", "1") == "0":
         return False
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("obstore") is not None
 
 
 class NativeGets:
