@@ -392,7 +392,10 @@ class S3Backend(S3Writes):
         if (self._native is not None and self._region_settled
                 and length <= s3native.NATIVE_MAX_BYTES):
             data = self._native.read(self.region, self.prefix + key, offset, length, version)
-            if data is not None:
+            if data is s3native.FAILED:          # the Python path below is its retry
+                with self._lock:
+                    self.retries += 1
+            elif data is not None:
                 return data
         return self._call(f"read {key}@{offset}+{length}",
                           lambda: self._direct_read(key, offset, length, version))

@@ -45,6 +45,9 @@ TIMEOUT_S = 5.0
 # How long obstore may reuse credentials from a refreshable provider (SSO, assume-role,
 # credential_process) before it asks again; botocore renews them itself.
 CREDENTIAL_REUSE_S = 10.0
+# What read() returns for an attempt that failed (the Python path then serves it, and
+# the backend counts it as a retry).
+FAILED = object()
 
 
 def wanted() -> bool:
@@ -113,8 +116,9 @@ class NativeGets:
             return st
 
     def read(self, region: str, path: str, offset: int, length: int,
-             version: str) -> bytes | None:
-        """The bytes, or None: ask the Python path.  Raises NotFound / VersionChanged."""
+             version: str) -> bytes | object | None:
+        """The bytes; None (resting) or FAILED (this attempt failed): ask the Python
+        path.  Raises NotFound / VersionChanged."""
         if self._rest_until and time.monotonic() < self._rest_until:
             return None
         opts: dict = {"range": (offset, offset + length)}
@@ -129,10 +133,10 @@ class NativeGets:
                                  "remote") from None
         except Exception as exc:   # anything else: the Python path knows what it means
             self._failed(exc)
-            return None
+            return FAILED
         if len(data) != length:
             self._failed(f"{len(data)} bytes for {length}")
-            return None
+            return FAILED
         self._fails = 0
         self.used += 1
         return data
