@@ -223,21 +223,29 @@ def test_shared_tier_unreachable_at_mount(s3, cluster, origin, tmp_path):
 
 
 def test_concurrent_cold_misses_fetch_each_block_about_once(s3, cluster, origin, tmp_path):
-    bucket, files = dataset(s3, 400, 8, 400_000)
-    total = sum(map(len, files.values()))
-    names = ["n0", "n1", "n2"]
-    with node(origin, cluster, bucket, tmp_path, "n0", "t4") as m0, \
-            node(origin, cluster, bucket, tmp_path, "n1", "t4") as m1, \
-            node(origin, cluster, bucket, tmp_path, "n2", "t4") as m2:
-        before = down_bytes(origin)
-        with cf.ThreadPoolExecutor(len(names)) as pool:
-            list(pool.map(lambda mp: read_all(mp, files), (m0, m1, m2)))
-        wan = down_bytes(origin) - before
-        ss = [stats(m) for m in (m0, m1, m2)]
+    def attempt(n: int):
+        bucket, files = dataset(s3, 400 + n, 8, 400_000)
+        total = sum(map(len, files.values()))
+        with node(origin, cluster, bucket, tmp_path, f"n0-{n}", f"t4-{n}") as m0, \
+                node(origin, cluster, bucket, tmp_path, f"n1-{n}", f"t4-{n}") as m1, \
+                node(origin, cluster, bucket, tmp_path, f"n2-{n}", f"t4-{n}") as m2:
+            before = down_bytes(origin)
+            with cf.ThreadPoolExecutor(3) as pool:
+                list(pool.map(lambda mp: read_all(mp, files), (m0, m1, m2)))
+            wan = down_bytes(origin) - before
+            return total, wan, [stats(m) for m in (m0, m1, m2)]
+
+    # A breaker that opened means the tier stalled (the cluster shares 2 cores with
+    # three nodes here: about one run in three): its nodes skipped the tier, so this
+    # run cannot judge the leases.  Measure once more on fresh nodes and a fresh prefix.
+    total, wan, ss = attempt(0)
+    if any(s["shared_breaker_trips"] for s in ss):
+        total, wan, ss = attempt(1)
     fetched = sum(s["bytes_fetched"] for s in ss)
     # without leases each node would fetch all of it: 3x
-    assert fetched <= 1.3 * total, (fetched / total, [
-        {k[7:]: v for k, v in x.items() if k.startswith("shared_") and v} for x in ss])
+    assert fetched <= 1.3 * total, json.dumps([round(fetched / total, 2)] + [
+        {k[7:]: v for k, v in x.items() if k.startswith("shared_") and v
+         and not k.startswith("shared_bytes")} for x in ss])
     assert wan <= 1.3 * total, wan / total
     assert sum(s["shared_lease_waits"] for s in ss) > 0
 
@@ -339,6 +347,7 @@ def test_breaker_counts_silence_from_the_first_unanswered_request():
             await trio.sleep(0.02)
         assert t.down
         waited = time.monotonic() - t0
-        assert sh.BREAKER_SILENCE * t.deadline() <= waited < 4 * t.deadline(), waited
+        silence = max(sh.BREAKER_SILENCE * t.deadline(), sh.BREAKER_SILENCE_MIN_S)
+        assert silence <= waited < silence + 2 * t.deadline(), waited
 
     trio.run(main)
