@@ -347,7 +347,6 @@ def test_breaker_counts_silence_from_the_first_unanswered_request():
             await trio.sleep(0.02)
         assert t.down
         waited = time.monotonic() - t0
-        silence = max(sh.BREAKER_SILENCE * t.deadline(), sh.BREAKER_SILENCE_MIN_S)
-        assert silence <= waited < silence + 2 * t.deadline(), waited
+        assert sh.BREAKER_SILENCE * t.deadline() <= waited < 4 * t.deadline(), waited
 
     trio.run(main)
