@@ -331,3 +331,71 @@ def test_a_replayed_move_that_already_happened_is_done(tmp_path):
     err, up, done, pending = run_ops(tmp_path, be,
                                      lambda q, j: [q.new("move", "dst", src="src")])
     assert err is None and pending == [] and be.objects == {"dst": b"moved before the crash"}
+
+
+# -- a read-only open racing the end of an upload (no kernel) ----------------------
+def _layer_with_local_file(tmp_path):
+    from neuralcache.namespace import Namespace
+    from neuralcache.write.files import LocalFile
+    from neuralcache.write.layer import WriteLayer
+
+    ns = Namespace()
+    node = ns.put_file("model.pt", 5, "v1", 0.0)
+    layer = WriteLayer(ns, store=None, backend=MemBackend(), cache_subdir=str(tmp_path))
+    layer.journal.open()
+    name, fd = layer.journal.create_staging()
+    os.write(fd, b"local")
+    lf = LocalFile(node.inode, node.key, name, None, size=5, sealed=True)
+    layer.files[node.inode] = lf
+    return layer, node, lf
+
+
+def _race_on_open(layer, what):
+    """Run ``what`` once, between the open's look-up and its os.open (where the upload's
+    end or a copy on write can land, since the open runs in a worker thread)."""
+    path_of = layer.journal.staging_path
+    fired = []
+
+    def staging_path(name):
+        if not fired:
+            fired.append(name)
+            what(name)
+        return path_of(name)
+
+    layer.journal.staging_path = staging_path
+
+
+def test_read_open_racing_the_upload_s_end_reads_the_remote(tmp_path):
+    layer, node, lf = _layer_with_local_file(tmp_path)
+
+    def uploaded(name):                  # _uploaded() then the staging file's removal
+        del layer.files[node.inode]
+        layer.journal.remove_staging(name)
+
+    _race_on_open(layer, uploaded)
+    assert trio.run(layer.open, node, os.O_RDONLY, 1) is None   # the remote has it
+
+
+def test_read_open_racing_a_copy_on_write_opens_the_new_staging(tmp_path):
+    layer, node, lf = _layer_with_local_file(tmp_path)
+
+    def replaced(name):
+        new, fd = layer.journal.create_staging()
+        os.write(fd, b"newer")
+        os.close(fd)
+        lf.staging = new
+        layer.journal.remove_staging(name)
+
+    _race_on_open(layer, replaced)
+    h = trio.run(layer.open, node, os.O_RDONLY, 1)
+    assert h.staging == lf.staging and os.pread(h.fd, 5, 0) == b"newer"
+    os.close(h.fd)
+
+
+def test_read_open_of_a_missing_staging_file_is_a_journal_error(tmp_path):
+    from neuralcache.errors import JournalError
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _race_on_open(layer, layer.journal.remove_staging)
+    with pytest.raises(JournalError):
+        trio.run(layer.open, node, os.O_RDONLY, 1)

@@ -126,8 +126,8 @@ class ReadHandle:
 
     __slots__ = ("lf", "staging", "fd")
 
-    def __init__(self, lf: LocalFile, fd: int):
-        self.lf, self.staging, self.fd = lf, lf.staging, fd
+    def __init__(self, lf: LocalFile, staging: str, fd: int):
+        self.lf, self.staging, self.fd = lf, staging, fd
 
 
 class SyncHandle:

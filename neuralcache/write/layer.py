@@ -181,11 +181,7 @@ class WriteLayer(NameOps, Barriers):
         lf = self.files.get(node.inode)
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
         if not writing:
-            if lf is None:
-                return None
-            fd = await trio.to_thread.run_sync(
-                os.open, self.journal.staging_path(lf.staging), os.O_RDONLY | os.O_CLOEXEC)
-            return ReadHandle(lf, fd)
+            return await self._open_staging(node)
         pinned = Pinned(self.remote_key(node), node.version, node.size)
         h = WriteHandle(node.inode, None, pinned, pid, bool(flags & os.O_APPEND))
         if flags & os.O_TRUNC:
@@ -195,6 +191,24 @@ class WriteLayer(NameOps, Barriers):
         if flags & os.O_TRUNC:
             await self._truncate(lf, 0)
         return h
+
+    async def _open_staging(self, node: Node) -> ReadHandle | None:
+        """A read-only descriptor on the staging file that holds ``node``'s data now,
+        or None once the remote has it.  The upload can finish (and its staging file
+        go) or a copy on write replace the staging file while the open runs in its
+        thread: then look again rather than fail the open."""
+        while (lf := self.files.get(node.inode)) is not None:
+            staging = lf.staging
+            try:
+                fd = await trio.to_thread.run_sync(
+                    os.open, self.journal.staging_path(staging), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                if self.files.get(node.inode) is lf and lf.staging == staging:
+                    raise JournalError(f"{node.key}: staging file {staging} is missing") \
+                        from None
+                continue
+            return ReadHandle(lf, staging, fd)
+        return None
 
     def _attach(self, h: WriteHandle, lf: LocalFile) -> None:
         h.lf = lf
