@@ -27,6 +27,21 @@ def fuse_available() -> bool:
 needs_fuse = pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount3")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_mount_outlives_the_session(tmp_path_factory):
+    """At the end of the session, lazily unmount any FUSE mount a test left under this
+    session's temporary directory (a test killed mid-way, a daemon that hung), so that
+    no later run finds a dead mountpoint.  Mounts of other sessions are not touched."""
+    yield
+    base = os.path.realpath(tmp_path_factory.getbasetemp())
+    with open("/proc/self/mountinfo") as f:
+        left = [line.split()[4] for line in f
+                if " - fuse" in line and line.split()[4].startswith(base + "/")]
+    for mp in sorted(left, key=len, reverse=True):
+        print(f"conftest: {mp} was still mounted at the session's end: unmounting")
+        subprocess.run(["fusermount3", "-u", "-z", mp], check=False)
+
+
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory):
     sw = SeaweedServer(tmp_path_factory.mktemp("seaweed"))
