@@ -42,7 +42,7 @@ from neuralcache.admin.sizes import parse_size
 
 from .ncmount import mounted, stats
 from .seaweed import SeaweedServer
-from .seqread import cpu_seconds
+from .seqread import cpu_seconds, minor_faults
 from .systems import drop_page_cache
 from .wan import WanProxyProcess
 from .workloads import read_hashed
@@ -62,6 +62,7 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
     """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas."""
     s0 = stats(mnt)
     p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
+    f0 = minor_faults(s0["pid"])
     t0 = time.perf_counter()
     nbytes, nfiles, wrong = work()
     secs = time.perf_counter() - t0
@@ -74,7 +75,8 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
             "fuse_read_sizes": _delta(s1.get("fuse_read_sizes", {}),
                                       s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
-            "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0}
+            "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0,
+            "minor_faults": minor_faults(s1["pid"]) - f0}
 
 
 def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: int):
@@ -98,7 +100,7 @@ def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: 
 def report(rows: dict) -> str:
     lines = []
     head = (f"{'workload':14} {'rate':>14} {'CPU s':>7} {'per':>11}  " +
-            " ".join(f"{p:>12}" for p in PARTS) + f" {'WAN emu':>9}")
+            " ".join(f"{p:>12}" for p in PARTS) + f" {'WAN emu':>9} {'faults':>9}")
     lines.append(head)
     for name, r in rows.items():
         big = r["files"] <= 1
@@ -111,9 +113,10 @@ def report(rows: dict) -> str:
         wan = r["proxy_cpu"] / max(r["bytes_fetched"], 1) * GIB
         lines.append(f"{name:14} {rate:>14} {total:7.2f} "
                      f"{total / per * scale:7.3f} {'s/GiB' if big else 'ms/f':>3}  {cells}"
-                     f" {wan:6.2f} s/GiB")
+                     f" {wan:6.2f} s/GiB {r.get('minor_faults', 0) / per:9.0f}")
     lines.append("parts: CPU-s per GiB (bigfile) or CPU-ms per file (files); disk_write/"
-                 "disk_read include checksum; WAN emu = the emulator's CPU per GiB it carried")
+                 "disk_read include checksum; WAN emu = the emulator's CPU per GiB it carried; "
+                 "faults = the daemon's minor page faults per GiB or per file")
     for name, r in rows.items():
         n = max(r["files"], 1)
         reqs = ", ".join(f"{op} {r['fuse_requests'].get(op, 0) / n:.1f}" for op in OPS)

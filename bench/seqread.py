@@ -44,6 +44,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (each first touch of a fresh page)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def daemon_read(pid: int, path: Path) -> tuple[float, float, float]:
     """Read ``path`` through a mount: (MB/s, seconds, the daemon ``pid``'s CPU s per GiB)."""
     c0 = cpu_seconds(pid)

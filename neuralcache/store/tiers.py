@@ -42,7 +42,7 @@ from typing import Callable
 import lru
 import xxhash
 
-from .. import cpuacct
+from .. import buffers, cpuacct
 
 log = logging.getLogger(__name__)
 
@@ -342,7 +342,6 @@ class DiskTier:
         """The first ``nbytes`` of a block file: with O_DIRECT into a fresh page-aligned
         buffer (no page cache fill, no copy), else a plain read."""
         if self.direct:
-            buf = mmap.mmap(-1, nbytes)
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
             except OSError as exc:
@@ -350,11 +349,13 @@ class DiskTier:
                     raise
             else:
                 try:
-                    n = os.preadv(fd, [buf], 0)
+                    view = memoryview(buffers.fresh(nbytes))[:nbytes]
+                    return view[:os.preadv(fd, [view], 0)]
                 finally:
                     os.close(fd)
-                return memoryview(buf)[:n] if n < nbytes else buf
         with open(path, "rb", buffering=0) as f:
+            if nbytes >= buffers.HUGE_MIN:
+                return buffers.read_into(f.readinto, nbytes)
             return f.read(nbytes)
 
     def _write_file(self, tmp: str, data) -> None:
@@ -443,7 +444,7 @@ class _AlignedBuffers:
             for i, b in enumerate(self._free):
                 if len(b) >= nbytes:
                     return self._free.pop(i)
-        return mmap.mmap(-1, max(nbytes, ALIGN))
+        return buffers.fresh(max(nbytes, ALIGN))
 
     def give(self, buf: mmap.mmap) -> None:
         """Keep the ``keep`` largest buffers (a block-sized one serves every size)."""
