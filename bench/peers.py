@@ -387,6 +387,27 @@ class _StreamingLoader:
         return self.loader       # each iteration is the library's next (reshuffled) epoch
 
 
+def drop_parent_clients(ds) -> None:
+    """Forget the S3 client a mosaic ``StreamingDataset`` made in this process, so that
+    each forked DataLoader worker makes its own.
+
+    streaming 0.13 downloads ``index.json`` here, in the constructor, with the stream's
+    ``S3Downloader``, which keeps its boto3 client and that client's kept-alive
+    connection.  It drops the client when the dataset is pickled (spawn workers) but not
+    across fork: every forked worker inherits the one socket and sends its first GET down
+    it, so the responses interleave and a worker stores pieces of other shards' bodies as
+    its shard.  No hash is checked (the writer records none), so the reader then finds
+    garbage offsets ("overflow encountered in scalar subtract", "Relative sample index N
+    is not present in the shard.NNNNN.mds file"), and garbled responses cost retries
+    (extra link bytes).  Nothing in this process downloads after the constructor, so
+    clearing the client once here covers every worker.
+    """
+    for stream in getattr(ds, "streams", None) or ():
+        dl = getattr(stream, "_downloader", None)
+        if dl is not None:
+            dl.clean_up()
+
+
 class MosaicClient(PeerClient):
     fmt = "mds"
 
@@ -406,6 +427,7 @@ class MosaicClient(PeerClient):
         ds = Verified(remote=self.uri(self.conv["prefix"]),
                       local=str(self.work / "cache" / ds_name), shuffle=True,
                       shuffle_seed=seed, batch_size=batch, **kw)
+        drop_parent_clients(ds)
         workers = TUNING["mosaic"]["workers"] if self.tuned else tf.WORKERS
         return _StreamingLoader(DataLoader(ds, batch_size=batch, num_workers=workers,
                                            persistent_workers=True, prefetch_factor=2,

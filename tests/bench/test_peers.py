@@ -167,3 +167,35 @@ def test_train_files_rows_get_ratios_notes_and_one_plot_per_epoch(tmp_path):
     assert "converted copy 100 MB (1.00x, 3 objects)" in text and "within 5% of local at batch never" in text
     made = report.plots(rows, tmp_path)
     assert [p.name for p in made] == ["train-files-epoch1.png", "train-files-epoch2.png"]
+
+
+def test_mosaic_workers_do_not_inherit_the_parents_s3_client(tmp_path, monkeypatch):
+    """streaming downloads index.json in this process and keeps the boto3 client; forked
+    DataLoader workers that share its kept-alive socket store pieces of each other's
+    responses as shards (mosaic-tuned's "Relative sample index .. is not present").
+    The adapter drops the client before the loader forks; every sample still verifies."""
+    pytest.importorskip("torch")
+    if peers.missing("mosaic"):
+        pytest.skip("mosaicml-streaming not installed")
+    peers.import_streaming()
+    from streaming.base.storage.download import S3Downloader
+    man = materialize(TREE, tmp_path / "data", 0)
+    mds = tmp_path / "mds"
+    peers.convert("mds", tmp_path / "data" / "train-files", man, mds, 1)
+    downloaders = []
+
+    def fake_download(self, remote, local, timeout):
+        self._s3_client = object()          # what a real download leaves behind
+        downloaders.append(self)
+        Path(local).write_bytes((mds / os.path.basename(remote)).read_bytes())
+    monkeypatch.setattr(S3Downloader, "_download_file_impl", fake_download)
+    monkeypatch.setattr(trainfiles, "WORKERS", 2)
+    client = peers.MosaicClient(peers.ClientSystem(_env(tmp_path), "mosaic"), tmp_path / "w")
+    client.conv = {"prefix": "mds-1mb/train-files"}
+    try:
+        ld = client.loader("train-files", man, seed=1, batch=8)
+        assert downloaders and all(d._s3_client is None for d in downloaders)
+        r = trainfiles.train_files(ld.epoch, man, 0.0, 10 ** 9, 1)
+        assert r["verify_errors"] == 0 and r["samples"] == 96
+    finally:
+        client.close()
