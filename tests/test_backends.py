@@ -14,6 +14,7 @@ from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
 from neuralcache.errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 
+MB = 1 << 20
 FILES = {
     "train/class0/a.bin": payload(1, 1000),
     "train/class0/b.bin": payload(2, 70_000),
@@ -86,6 +87,50 @@ def test_read_is_pinned_to_version(backend):
     new = backend.stat("top.txt")
     assert new.version != info.version
     assert backend.read("top.txt", 0, 5, new.version) == b"HELLO"
+
+
+def test_block_sized_reads_land_in_fresh_huge_page_buffers(backend):
+    """A read of at least buffers.HUGE_MIN is read straight into a fresh buffer (no
+    bytes object), a smaller one stays bytes; both are exactly the source's bytes."""
+    from neuralcache import buffers
+    data = payload(77, 5 * MB + 123)
+    backend.replace("big.bin", data)
+    info = backend.stat("big.bin")
+    got = backend.read("big.bin", 1000, 4 * MB, info.version)
+    assert isinstance(got, memoryview) and got == data[1000:1000 + 4 * MB]
+    assert len(got.obj) % buffers.HUGE_PAGE == 0            # whole huge pages mapped
+    tail = backend.read("big.bin", 3 * MB, len(data) - 3 * MB, info.version)  # the end
+    assert isinstance(tail, memoryview) and tail == data[3 * MB:]
+    small = backend.read("big.bin", 5, buffers.HUGE_MIN - 1, info.version)
+    assert isinstance(small, bytes) and small == data[5:buffers.HUGE_MIN + 4]
+
+
+def test_s3_block_reads_survive_connections_reset_mid_body(seaweed, s3, monkeypatch):
+    """Connections reset after a random part of a block's body (the WAN emulator's
+    per-connection faults): each read is retried on a fresh connection and returns the
+    exact bytes; a half-read connection is never reused."""
+    from bench.wan import WanProxy
+    bucket = new_bucket(s3)
+    data = payload(78, 12 * MB)
+    s3.put_object(Bucket=bucket, Key="big.bin", Body=data)
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("NEURALCACHE_NATIVE_GET", "0")
+    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=2, reset_rate=0.5,
+                  fault_unit="connection", seed=17) as proxy:
+        b = open_backend(f"s3://{bucket}", endpoint_url=proxy.endpoint)
+        try:
+            version = b.stat("big.bin").version
+            for i in range(12):
+                off = i * MB // 2
+                got = b.read("big.bin", off, 4 * MB, version)
+                assert digest(got) == digest(data[off:off + 4 * MB]), i
+            retries = b.retries
+        finally:
+            b.close()
+        resets = proxy.stats().get("resets", 0)
+    delete_bucket(s3, bucket)
+    assert resets > 0 and retries > 0, (resets, retries)
 
 
 def test_s3_small_reads_go_native_and_fall_back(backend, monkeypatch):
