@@ -11,6 +11,10 @@
         CPU per file in the daemon's prefetch path (Prefetcher + default predictor +
         BlockStore + limiter, fake zero-latency backend) for the maze bench's pattern:
         250-byte files opened in a hinted shuffled order by 4 workers.
+    python -m bench.micro fresh-memory [--gib 1] [--rounds 3]
+        CPU of filling and keeping --gib of 8 MiB blocks read from a file (as the disk
+        cache's blocks are kept by the memory tier) into fresh huge-page buffers
+        (neuralcache/buffers.py), fresh 4 KiB-page mappings, and bytes from os.pread.
 """
 from __future__ import annotations
 
@@ -147,6 +151,40 @@ def prefetch_cpu(n_files: int, n_opens: int) -> None:
     trio.run(main)
 
 
+def fresh_memory(gib: float, rounds: int) -> None:
+    import mmap
+
+    from neuralcache import buffers
+
+    block = 8 * MB
+    n = max(1, int(gib * 1024 * MB) // block)
+    with tempfile.NamedTemporaryFile(prefix="nc-micro-") as f:
+        f.write(os.urandom(block))
+        f.flush()
+        fd = f.fileno()
+
+        def small():
+            b = mmap.mmap(-1, block, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            os.preadv(fd, [b], 0)
+            return b
+
+        kinds = [("huge pages (buffers.fresh)",
+                  lambda: buffers.read_into(lambda v: os.preadv(fd, [v], 0), block)),
+                 ("4 KiB pages (private mmap)", small),
+                 ("bytes (os.pread)", lambda: os.pread(fd, block, 0))]
+        print(f"{n} blocks of 8 MiB read from the page cache and kept, {rounds} rounds")
+        for r in range(rounds):
+            for name, fn in kinds:
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                c0 = _cpu()
+                kept = [fn() for _ in range(n)]
+                cpu = (_cpu() - c0) / (n * block / 2**30)
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+                print(f"round {r + 1}  {name:28} {cpu:6.3f} CPU-s/GiB "
+                      f"{faults / (n * block / 2**30):9.0f} faults/GiB")
+                del kept
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.micro")
     sub = ap.add_subparsers(dest="what", required=True)
@@ -158,8 +196,13 @@ def main(argv=None) -> int:
     pc = sub.add_parser("prefetch-cpu")
     pc.add_argument("--files", type=int, default=32_768)
     pc.add_argument("--opens", type=int, default=3000)
+    fm = sub.add_parser("fresh-memory")
+    fm.add_argument("--gib", type=float, default=1.0)
+    fm.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
-    if a.what == "get-cpu":
+    if a.what == "fresh-memory":
+        fresh_memory(a.gib, a.rounds)
+    elif a.what == "get-cpu":
         get_cpu(a.n, a.size)
     elif a.what == "prefetch-cpu":
         prefetch_cpu(a.files, a.opens)

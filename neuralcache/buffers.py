@@ -1,23 +1,30 @@
-"""Fresh memory for block data: where a fetched or disk-cached block's bytes land.
+"""Fresh memory for blocks read from the disk cache.
 
-Every block the daemon serves lands in memory it has not touched before, and the
-kernel hands that memory over one 4 KiB page fault at a time.  On this 2-core VM that
-was ~0.5 CPU-s per GiB (262k faults; ``python -m bench.breakdown``'s ``faults``
-column, and ``/tmp`` micro-runs of ``preadv`` into fresh mappings): a third of the
-daemon's CPU on a cold read and most of a read from the disk cache.  A private mapping
-advised for transparent huge pages takes 512 faults per GiB instead, at ~0.07 CPU-s.
+A block read from the disk cache lands in memory the daemon has not touched, and the
+kernel hands that memory over one 4 KiB page fault at a time: 262k faults per GiB
+(``python -m bench.breakdown``'s ``faults`` column), ~0.8 CPU-s per GiB of ``disk_read``
+on this 2-core VM.  A private mapping advised for transparent huge pages takes ~730
+faults per GiB instead; six before/after pairs of ``python -m bench.breakdown --size
+1G`` (2026-12-01) gave ``disk_read`` 0.74-0.84 -> 0.23-0.49 CPU-s/GiB and 914-1,020 ->
+1,058-1,584 MB/s from the disk cache.
 
 ``fresh(n)`` maps ``n`` bytes rounded up to whole huge pages (the kernel places such a
-mapping on a huge-page boundary) and advises only the whole huge pages inside ``n``,
-so a block of 8 MiB + a 4 KiB trailer is four huge pages and one small one, never a
-huge page for 4 KiB.  The unused rest is address space, not memory.  Buffers are
-never reused: each lives as long as the bytes views of it (memory tier, replies).
+mapping on a huge-page boundary) and advises only the whole huge pages inside ``n``, so
+a block of 8 MiB + its 4 KiB trailer is four huge pages and one small one, never a
+huge page for 4 KiB.  The unused rest is address space, not memory.  Buffers are never
+reused: each lives as long as the views of it (memory tier, FUSE replies).
 
-Below HUGE_MIN the ordinary allocator is cheaper (it reuses freed memory), so callers
-keep their plain paths for small reads.  A kernel with THP "never" ignores the advice
-(still a private mapping, ~0.1 CPU-s/GiB cheaper than the shared one ``mmap`` makes by
-default).  ``NEURALCACHE_HUGE_PAGES=0`` turns the advice off (a kernel whose
-synchronous THP compaction stalls would show as slow first touches).
+Not used for blocks fetched from the remote: the same pairs showed no gain there
+(cold ``fetch`` 0.73-0.92 before, 0.57-1.23 with the body read into a fresh huge-page
+buffer).  Why: a huge page the kernel has to find afresh -- on this VM, memory the
+guest has not touched since boot -- costs more than the 512 small faults it saves;
+``python -m bench.micro fresh-memory`` (8 MiB blocks kept, as the memory tier keeps
+them) gave 2.7, 0.23 and 0.81 CPU-s/GiB in three rounds for huge pages and 0.50-0.55
+for 4 KiB pages or bytes.  The disk-cache read path still won 6 of 6 pairs (it runs
+after the cold read freed memory); a node whose page cache has filled its RAM once
+(every training node) is in the cheap case.  Below HUGE_MIN the ordinary allocator is
+as cheap.  A kernel with THP "never" ignores the advice; ``NEURALCACHE_HUGE_PAGES=0``
+turns it off.
 """
 from __future__ import annotations
 

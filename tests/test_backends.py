@@ -89,26 +89,10 @@ def test_read_is_pinned_to_version(backend):
     assert backend.read("top.txt", 0, 5, new.version) == b"HELLO"
 
 
-def test_block_sized_reads_land_in_fresh_huge_page_buffers(backend):
-    """A read of at least buffers.HUGE_MIN is read straight into a fresh buffer (no
-    bytes object), a smaller one stays bytes; both are exactly the source's bytes."""
-    from neuralcache import buffers
-    data = payload(77, 5 * MB + 123)
-    backend.replace("big.bin", data)
-    info = backend.stat("big.bin")
-    got = backend.read("big.bin", 1000, 4 * MB, info.version)
-    assert isinstance(got, memoryview) and got == data[1000:1000 + 4 * MB]
-    assert len(got.obj) % buffers.HUGE_PAGE == 0            # whole huge pages mapped
-    tail = backend.read("big.bin", 3 * MB, len(data) - 3 * MB, info.version)  # the end
-    assert isinstance(tail, memoryview) and tail == data[3 * MB:]
-    small = backend.read("big.bin", 5, buffers.HUGE_MIN - 1, info.version)
-    assert isinstance(small, bytes) and small == data[5:buffers.HUGE_MIN + 4]
-
-
 def test_s3_block_reads_survive_connections_reset_mid_body(seaweed, s3, monkeypatch):
     """Connections reset after a random part of a block's body (the WAN emulator's
     per-connection faults): each read is retried on a fresh connection and returns the
-    exact bytes; a half-read connection is never reused."""
+    exact bytes."""
     from bench.wan import WanProxy
     bucket = new_bucket(s3)
     data = payload(78, 12 * MB)

@@ -20,7 +20,6 @@ import os
 import uuid
 from typing import Iterator
 
-from .. import buffers
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 
@@ -116,7 +115,7 @@ class PosixBackend:
         except OSError as exc:
             raise _map_oserror(exc, key) from None
         try:
-            data = pread_block(fd, length, offset)
+            data = pread_exact(fd, length, offset)
             st = os.fstat(fd)
         except OSError as exc:
             raise _map_oserror(exc, key) from None
@@ -287,21 +286,6 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
         chunks.append(b)
         done += len(b)
     return b"".join(chunks)
-
-
-def pread_block(fd: int, length: int, offset: int):
-    """``pread_exact`` for a block served to readers: a block-sized read lands in a
-    fresh huge-page buffer (neuralcache/buffers.py), a small one in bytes."""
-    if length < buffers.HUGE_MIN:
-        return pread_exact(fd, length, offset)
-    pos = offset
-
-    def readinto(view) -> int:
-        nonlocal pos
-        n = os.preadv(fd, [view], pos)
-        pos += n
-        return n
-    return buffers.read_into(readinto, length)
 
 
 def fsync_dir(path: str) -> None:

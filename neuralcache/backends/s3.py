@@ -19,7 +19,6 @@ refreshable provider's renewals are used.
 """
 from __future__ import annotations
 
-import http.client
 import logging
 import os
 import re
@@ -37,7 +36,6 @@ from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
 from . import retry, s3native
-from .. import buffers
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 from .s3write import S3Writes
@@ -201,7 +199,7 @@ class S3Backend(S3Writes):
                 resp = self._signed_get(key, headers, target=target)
                 try:
                     status = resp.status
-                    data = _body(resp, length) if status in (200, 206) else resp.read(4096)
+                    data = resp.read() if status in (200, 206) else resp.read(4096)
                     found = resp.headers.get("x-amz-bucket-region")
                 finally:
                     resp.release_conn()
@@ -426,24 +424,3 @@ def describe_check_error(exc: Exception, source: str, endpoint: str | None) -> U
     if isinstance(exc, PermissionDenied):
         return UserError(f"access to {source} denied: {exc}")
     return UserError(f"cannot use {source}: {exc}")
-
-
-def _body(resp, length: int):
-    """A GET's body.  A block-sized 206 answer of exactly ``length`` bytes is read
-    straight from the socket into a fresh huge-page buffer (neuralcache/buffers.py: one
-    page fault per 2 MiB instead of per 4 KiB, and no copy out of http.client's bytes);
-    anything else (small, a whole-object 200, an unexpected length) by urllib3's read.
-    Low-level errors become urllib3's, with the connection thrown away, as urllib3's
-    own read does, so the caller's retry rules hold."""
-    fp = getattr(resp, "_fp", None)      # the http.client response under urllib3's
-    if (resp.status != 206 or length < buffers.HUGE_MIN or not hasattr(fp, "readinto")
-            or resp.headers.get("content-length") != str(length)):
-        return resp.read()
-    try:
-        data = buffers.read_into(fp.readinto, length)
-    except (OSError, http.client.HTTPException) as exc:
-        resp.close()                     # a half-read connection must not be reused
-        raise urllib3.exceptions.ProtocolError(f"Connection broken: {exc!r}", exc) from exc
-    if len(data) != length:              # cut short: the caller retries
-        resp.close()
-    return data
