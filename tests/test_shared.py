@@ -296,7 +296,7 @@ def test_shared_cache_gc(cluster, monkeypatch):
         sharedgc.gc("s3://no-such-bucket-here", 86400, endpoint_url=cluster.endpoint)
 
 
-def test_block_format_and_bad_input():
+def test_block_format_and_bad_input(monkeypatch):
     header = {"key": "a", "len": 3}
     h, data = sh.unpack(sh.pack(header, b"abc"))
     assert h == header and bytes(data) == b"abc"
@@ -315,6 +315,12 @@ def test_block_format_and_bad_input():
                                                ("s", "k2", "v", 1, 0), ("s", "k", "v2", 1, 0),
                                                ("s", "k", "v", 2, 0), ("s", "k", "v", 1, 1))}
     assert len(names) == 6
+    # the shared bucket makes whole-object GETs only: no obstore store behind it
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    sb = sh.SharedBucket("b", "p", endpoint_url="http://127.0.0.1:9", region="us-east-1")
+    assert sb._native is None
+    sb.close()
 
 
 def test_breaker_counts_silence_from_the_first_unanswered_request():

@@ -93,6 +93,10 @@ def aws_object_base_url(bucket: str, region: str) -> str:
 
 
 class S3Backend(S3Writes):
+    # Ranged reads of at most s3native.NATIVE_MAX_BYTES may go through obstore; a
+    # subclass that never makes ranged reads (store/shared.py) switches it off.
+    NATIVE_GETS = True
+
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, concurrency: int = 32,
                  profile: str | None = None):
@@ -130,7 +134,8 @@ class S3Backend(S3Writes):
         # path's to make, once.
         self._native = None
         self._region_settled = False
-        if s3native.wanted() and s3native.NativeGets.usable(session, endpoint_url):
+        if (self.NATIVE_GETS and s3native.wanted()
+                and s3native.NativeGets.usable(session, endpoint_url)):
             self._native = s3native.NativeGets(
                 session, bucket, endpoint_url,
                 virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))

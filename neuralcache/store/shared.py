@@ -187,6 +187,8 @@ class SharedBucket(S3Backend):
     whole-object GET, PUT (optionally create-only) and DELETE.  Blocking; one attempt
     each (a miss is cheap: the caller goes to the origin)."""
 
+    NATIVE_GETS = False       # whole-object GETs only: no obstore store to build
+
     def _request(self, method: str, name: str, headers=None, body: bytes | None = None):
         what = f"{method} shared {name}"
         try:
