@@ -214,8 +214,11 @@ def test_warm_with_progress_check_and_stats_watch(seaweed, bucket, tmp_path):
         assert r.returncode == 0 and "\r" not in r.stderr and "1/1 files" in r.stderr
         r = run_cli("warm", mp, "no/such", env=env)
         assert r.returncode == 1 and "no such file" in r.stderr
+        # SIGINT back to its default in the child: a suite started in the background
+        # by a shell without job control inherits it ignored (a watch then never ends)
         p = subprocess.Popen(NEURALCACHE + ["stats", str(mp), "--watch", "--interval", "0.3"],
-                             env=env, stdout=subprocess.PIPE, text=True)
+                             env=env, stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         lines, deadline = [], time.monotonic() + 20    # a loaded machine is slow to start
         while len([ln for ln in lines if "served" in ln]) < 3 and time.monotonic() < deadline:
             lines.append(p.stdout.readline())
