@@ -33,7 +33,9 @@ import os
 
 # The x86-64 / arm64 (4 KiB base page) huge page.
 HUGE_PAGE = 2 << 20
-# Reads at least this long use ``fresh``: one huge page is the smallest that gains.
+# A buffered (non-O_DIRECT) disk-cache read of at least this many bytes lands in a
+# ``fresh`` buffer; below one huge page, bytes from the allocator are as cheap.  O_DIRECT
+# reads always use ``fresh`` (they need page-aligned memory).
 HUGE_MIN = HUGE_PAGE
 HUGE_PAGES = (hasattr(mmap, "MADV_HUGEPAGE")
               and os.environ.get("NEURALCACHE_HUGE_PAGES", "1") != "0")
