@@ -353,6 +353,41 @@ def test_breaker_counts_silence_from_the_first_unanswered_request():
             await trio.sleep(0.02)
         assert t.down
         waited = time.monotonic() - t0
-        assert sh.BREAKER_SILENCE * t.deadline() <= waited < 4 * t.deadline(), waited
+        assert max(sh.BREAKER_SILENCE * t.deadline(), sh.BREAKER_SILENCE_MIN_S) <= waited \
+            < 4 * t.deadline(), waited
+
+    trio.run(main)
+
+
+def test_breaker_of_a_fast_tier_waits_for_half_a_second_of_silence():
+    """A fast tier's deadline is DEADLINE_MIN_S, so BREAKER_SILENCE deadlines are 0.2 s:
+    a sub-second hiccup opened the breaker (and sent reads to the WAN for
+    BREAKER_OPEN_S).  The silence must also last BREAKER_SILENCE_MIN_S.  No servers."""
+    import trio
+
+    from neuralcache.errors import Unavailable
+    from neuralcache.store.tiers import BlockKey
+
+    class Refusing:
+        bucket, prefix = "b", "p"
+
+        def get(self, name):
+            raise Unavailable("connection refused")
+
+        def put(self, name, body, create_only=False):
+            raise Unavailable("connection refused")
+
+    async def main():
+        t = sh.SharedTier(Refusing(), "src", "", 1 << 20)
+        t._lat.extend([0.005] * sh.LATENCY_MIN_SAMPLES)   # it answered fast so far
+        assert t.deadline() == sh.DEADLINE_MIN_S
+        assert sh.BREAKER_SILENCE * t.deadline() < sh.BREAKER_SILENCE_MIN_S
+        t._answered = t0 = time.monotonic()
+        while not t.down and time.monotonic() - t0 < 5:
+            await t.get(BlockKey(key="k", version="v1", index=1), 10)
+            await trio.sleep(0.02)
+        waited = time.monotonic() - t0
+        assert t.down
+        assert sh.BREAKER_SILENCE_MIN_S <= waited < sh.BREAKER_SILENCE_MIN_S + 1.0, waited
 
     trio.run(main)

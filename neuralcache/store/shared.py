@@ -24,8 +24,9 @@ DEADLINE_MAX_S]; DEADLINE_COLD_S until LATENCY_MIN_SAMPLES answers).  A timeout 
 of a request a reader waits on (a block lookup, a lease create, a lease check; not a
 write-through PUT, a lease delete or the probe) is a miss and counts toward a breaker:
 after BREAKER_FAILURES such failures in a row (an answered one resets the count), when
-nothing has come back from the tier for BREAKER_SILENCE x the current deadline --
-silence counted from the first request sent after the last answer -- the tier is
+nothing has come back from the tier for BREAKER_SILENCE x the current deadline (at
+least BREAKER_SILENCE_MIN_S) -- silence counted from the first request sent after the
+last answer -- the tier is
 skipped (lookups are misses at once, no new block is queued for write-through; PUTs
 already queued still run) while a background probe asks it every BREAKER_OPEN_S,
 closing the breaker by itself when it answers.  So a tier that stalls costs the reads
@@ -118,6 +119,12 @@ PUT_DEADLINE_S = DEADLINE_MAX_S
 # steps.
 BREAKER_FAILURES = 3
 BREAKER_SILENCE = 2.0
+# ... and never for less than this: a fast tier's deadline is DEADLINE_MIN_S (p90 of a
+# few ms), so 2 deadlines are 0.2 s, and a sub-second hiccup of an in-region store (or
+# of the 6-process test cluster on 2 cores: tests/test_shared.py's concurrent-misses
+# test saw it one run in three) opened the breaker and sent every read to the WAN for
+# BREAKER_OPEN_S.  Half a second of silence costs the reads in it one deadline each.
+BREAKER_SILENCE_MIN_S = 0.5
 BREAKER_OPEN_S = 5.0
 # Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
 # (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
@@ -386,7 +393,7 @@ class SharedTier:
         self._failures += 1
         # how long we have been asking without hearing anything back
         silent = (time.monotonic() - max(self._answered, self._asked)
-                  > BREAKER_SILENCE * self.deadline())
+                  > max(BREAKER_SILENCE * self.deadline(), BREAKER_SILENCE_MIN_S))
         if self._failures >= BREAKER_FAILURES and silent and not self.down:
             self.down = True
             self.c["shared_breaker_trips"] += 1
