@@ -18,8 +18,9 @@ from bench.cluster import SeaweedCluster
 from bench.wan import WanProxyProcess
 from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli,
                       upload_tree)
-from neuralcache.errors import UserError
+from neuralcache.errors import Unavailable, UserError
 from neuralcache.store import shared as sh
+from neuralcache.store.tiers import BlockKey
 
 pytestmark = needs_fuse
 
@@ -323,24 +324,23 @@ def test_block_format_and_bad_input(monkeypatch):
     sb.close()
 
 
+class Refusing:
+    """A shared bucket whose every request is refused (breaker unit tests, no servers)."""
+    bucket, prefix = "b", "p"
+
+    def get(self, name):
+        raise Unavailable("connection refused")
+
+    def put(self, name, body, create_only=False):
+        raise Unavailable("connection refused")
+
+
 def test_breaker_counts_silence_from_the_first_unanswered_request():
     """Three refused lookups in a row open the breaker only once nothing has come back
     for BREAKER_SILENCE deadlines since the first of them -- also on a fresh node that
     never had an answer (silence once counted from the clock's origin there, so a new
     node's first three slow or failed lookups opened it at once).  No servers."""
     import trio
-
-    from neuralcache.errors import Unavailable
-    from neuralcache.store.tiers import BlockKey
-
-    class Refusing:
-        bucket, prefix = "b", "p"
-
-        def get(self, name):
-            raise Unavailable("connection refused")
-
-        def put(self, name, body, create_only=False):
-            raise Unavailable("connection refused")
 
     async def main():
         t = sh.SharedTier(Refusing(), "src", "", 1 << 20)
@@ -364,18 +364,6 @@ def test_breaker_of_a_fast_tier_waits_for_half_a_second_of_silence():
     a sub-second hiccup opened the breaker (and sent reads to the WAN for
     BREAKER_OPEN_S).  The silence must also last BREAKER_SILENCE_MIN_S.  No servers."""
     import trio
-
-    from neuralcache.errors import Unavailable
-    from neuralcache.store.tiers import BlockKey
-
-    class Refusing:
-        bucket, prefix = "b", "p"
-
-        def get(self, name):
-            raise Unavailable("connection refused")
-
-        def put(self, name, body, create_only=False):
-            raise Unavailable("connection refused")
 
     async def main():
         t = sh.SharedTier(Refusing(), "src", "", 1 << 20)
