@@ -14,7 +14,8 @@
     python -m bench.micro fresh-memory [--gib 1] [--rounds 3]
         CPU of filling and keeping --gib of 8 MiB blocks read from a file (as the disk
         cache's blocks are kept by the memory tier) into fresh huge-page buffers
-        (neuralcache/buffers.py), fresh 4 KiB-page mappings, and bytes from os.pread.
+        (neuralcache/buffers.py with NEURALCACHE_HUGE_PAGES=1), fresh private 4 KiB-page
+        mappings (its default), fresh shared mappings (mmap's default) and bytes.
 """
 from __future__ import annotations
 
@@ -168,9 +169,15 @@ def fresh_memory(gib: float, rounds: int) -> None:
             os.preadv(fd, [b], 0)
             return b
 
+        def shared():
+            b = mmap.mmap(-1, block)
+            os.preadv(fd, [b], 0)
+            return b
+
         kinds = [("huge pages (buffers.fresh)",
-                  lambda: buffers.read_into(lambda v: os.preadv(fd, [v], 0), block)),
+                  lambda: buffers.read_into(lambda v: os.preadv(fd, [v], 0), block, True)),
                  ("4 KiB pages (private mmap)", small),
+                 ("4 KiB pages (shared mmap)", shared),
                  ("bytes (os.pread)", lambda: os.pread(fd, block, 0))]
         print(f"{n} blocks of 8 MiB read from the page cache and kept, {rounds} rounds")
         for r in range(rounds):

@@ -3,28 +3,23 @@
 A block read from the disk cache lands in memory the daemon has not touched, and the
 kernel hands that memory over one 4 KiB page fault at a time: 262k faults per GiB
 (``python -m bench.breakdown``'s ``faults`` column), ~0.8 CPU-s per GiB of ``disk_read``
-on this 2-core VM.  A private mapping advised for transparent huge pages takes ~730
-faults per GiB instead; six before/after pairs of ``python -m bench.breakdown --size
-1G`` (2026-12-01) gave ``disk_read`` 0.74-0.84 -> 0.23-0.49 CPU-s/GiB and 914-1,020 ->
-1,058-1,584 MB/s from the disk cache.
+on this 2-core VM.  ``fresh(n)`` returns a private anonymous mapping (``mmap``'s default
+is a shared one, which costs more per fault: ``python -m bench.micro fresh-memory``).
 
-``fresh(n)`` maps ``n`` bytes rounded up to whole huge pages (the kernel places such a
-mapping on a huge-page boundary) and advises only the whole huge pages inside ``n``, so
-a block of 8 MiB + its 4 KiB trailer is four huge pages and one small one, never a
-huge page for 4 KiB.  The unused rest is address space, not memory.  Buffers are never
-reused: each lives as long as the views of it (memory tier, FUSE replies).
+Transparent huge pages would take 512 faults per GiB instead, and are opt-in
+(``NEURALCACHE_HUGE_PAGES=1``) because what a fresh huge page costs depends on the
+machine.  On this VM (a virtio balloon with free-page reporting: freed 2 MiB blocks go
+back to the host) it ranged from 0.14 to 2.7 CPU-s/GiB (``bench.micro fresh-memory``,
+three rounds, against 0.50-0.56 for 4 KiB pages), and the daemon's disk-cache reads
+with huge pages won 6 of 6 ``bench.breakdown --size 1G`` pairs one hour (median 1.16 ->
+0.61 CPU-s/GiB) and lost 2 of 2 the next (1.32 / 1.13 -> 2.42 / 1.46): bench/RESULTS.md
+"Page faults".  On a host whose memory is not handed back it is the cheap case.
 
-Not used for blocks fetched from the remote: the same pairs showed no gain there
-(cold ``fetch`` 0.73-0.92 before, 0.57-1.23 with the body read into a fresh huge-page
-buffer).  Why: a huge page the kernel has to find afresh -- on this VM, memory the
-guest has not touched since boot -- costs more than the 512 small faults it saves;
-``python -m bench.micro fresh-memory`` (8 MiB blocks kept, as the memory tier keeps
-them) gave 2.7, 0.23 and 0.81 CPU-s/GiB in three rounds for huge pages and 0.50-0.55
-for 4 KiB pages or bytes.  The disk-cache read path still won 6 of 6 pairs (it runs
-after the cold read freed memory); a node whose page cache has filled its RAM once
-(every training node) is in the cheap case.  Below HUGE_MIN the ordinary allocator is
-as cheap.  A kernel with THP "never" ignores the advice; ``NEURALCACHE_HUGE_PAGES=0``
-turns it off.
+With huge pages on, ``fresh(n)`` maps ``n`` rounded up to whole huge pages (the kernel
+places such a mapping on a huge-page boundary) and advises only the whole huge pages
+inside ``n``, so a block of 8 MiB + its 4 KiB trailer is four huge pages and one small
+one, never a huge page for 4 KiB.  Buffers are never reused: each lives as long as the
+views of it (memory tier, FUSE replies).  A kernel with THP "never" ignores the advice.
 """
 from __future__ import annotations
 
@@ -37,15 +32,18 @@ HUGE_PAGE = 2 << 20
 # ``fresh`` buffer; below one huge page, bytes from the allocator are as cheap.  O_DIRECT
 # reads always use ``fresh`` (they need page-aligned memory).
 HUGE_MIN = HUGE_PAGE
+# Off unless NEURALCACHE_HUGE_PAGES=1 (see above: the cost is the machine's).
 HUGE_PAGES = (hasattr(mmap, "MADV_HUGEPAGE")
-              and os.environ.get("NEURALCACHE_HUGE_PAGES", "1") != "0")
+              and os.environ.get("NEURALCACHE_HUGE_PAGES", "0") == "1")
 
 
-def fresh(nbytes: int) -> mmap.mmap:
+def fresh(nbytes: int, huge_pages: bool | None = None) -> mmap.mmap:
     """A zeroed private anonymous mapping of at least ``nbytes`` (see the module doc;
-    ``len()`` may be larger: slice to what was filled)."""
+    ``len()`` may be larger: slice to what was filled); ``huge_pages`` overrides
+    HUGE_PAGES."""
     size = max(nbytes, 1)
-    huge = nbytes // HUGE_PAGE * HUGE_PAGE if HUGE_PAGES else 0
+    on = HUGE_PAGES if huge_pages is None else huge_pages
+    huge = nbytes // HUGE_PAGE * HUGE_PAGE if on else 0
     if huge:
         size = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -57,10 +55,10 @@ def fresh(nbytes: int) -> mmap.mmap:
     return buf
 
 
-def read_into(readinto, nbytes: int) -> memoryview:
+def read_into(readinto, nbytes: int, huge_pages: bool | None = None) -> memoryview:
     """Call ``readinto(view)`` until ``nbytes`` arrived or it returns 0 (end of
     data); the bytes read, as a view of a ``fresh`` buffer (shorter at the end)."""
-    view = memoryview(fresh(nbytes))
+    view = memoryview(fresh(nbytes, huge_pages))
     done = 0
     while done < nbytes:
         n = readinto(view[done:nbytes])

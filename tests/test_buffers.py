@@ -7,14 +7,15 @@ from neuralcache import buffers
 MB = 1 << 20
 
 
-def test_fresh_maps_whole_huge_pages_zeroed_and_writable():
+def test_fresh_maps_zeroed_writable_memory_in_whole_huge_pages_when_asked():
     n = 8 * MB + 4096                       # a disk-cache block: data + trailer page
-    buf = buffers.fresh(n)
+    assert len(buffers.fresh(n, huge_pages=False)) == n     # the default: no advice
+    buf = buffers.fresh(n, huge_pages=True)
     assert len(buf) >= n and len(buf) % buffers.HUGE_PAGE == 0
     assert buf[:16] == bytes(16) and buf[n - 16:n] == bytes(16)
     buf[n - 4:n] = b"tail"
     assert buf[n - 4:n] == b"tail"
-    small = buffers.fresh(1000)              # below a huge page: just what was asked
+    small = buffers.fresh(1000, huge_pages=True)   # below a huge page: just what was asked
     assert len(small) == 1000
 
 
