@@ -67,10 +67,44 @@ def check_mountpoint(path: str) -> str:
 
 
 def cache_subdir(cfg: MountConfig) -> str:
-    """One directory per source (and endpoint), so mounts of different sources can
-    share --cache-dir without mixing blocks."""
-    tag = xxhash.xxh64_hexdigest(f"{cfg.source}\0{cfg.endpoint_url or ''}".encode())
-    return os.path.join(cfg.cache_dir, tag)
+    """One directory per source, so mounts of different sources can share --cache-dir
+    without mixing blocks.  Not one per endpoint: the same bucket through another
+    endpoint (a VPC endpoint, a proxy) is the same data, its blocks are keyed by
+    version anyway, and its write journal must be found and finished whatever the
+    endpoint (until 2026-12 the endpoint was part of the name: such a directory of
+    this endpoint is taken over by ``_adopt_old_subdir``)."""
+    return os.path.join(cfg.cache_dir, xxhash.xxh64_hexdigest(cfg.source.encode()))
+
+
+def _adopt_old_subdir(cfg: MountConfig, sub: str) -> None:
+    """Rename the directory an earlier version kept for (source, endpoint) to ``sub``
+    if ``sub`` does not exist yet, so its cache and pending uploads are kept."""
+    old = os.path.join(cfg.cache_dir, xxhash.xxh64_hexdigest(
+        f"{cfg.source}\0{cfg.endpoint_url or ''}".encode()))
+    if os.path.isdir(old) and not os.path.exists(sub):
+        fd = _lock_cache(old)           # not while an older daemon still uses it
+        try:
+            os.rename(old, sub)
+            log.info("cache directory %s renamed to %s (one per source now)", old, sub)
+        finally:
+            os.close(fd)
+
+
+def _note_endpoint(cfg: MountConfig, sub: str) -> str | None:
+    """Record the endpoint of this mount in ``sub``; the one recorded before, if other."""
+    path = os.path.join(sub, "source.json")
+    try:
+        with open(path) as f:
+            before = json.load(f).get("endpoint_url")
+    except (OSError, ValueError, AttributeError):
+        before = cfg.endpoint_url
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"source": cfg.source, "endpoint_url": cfg.endpoint_url}, f)
+        os.replace(path + ".tmp", path)
+    except OSError as exc:
+        log.debug("cannot record the endpoint in %s: %s", path, exc)
+    return before if before != cfg.endpoint_url else None
 
 
 def _lock_cache(path: str) -> int:
@@ -155,6 +189,7 @@ async def _serve(cfg: MountConfig, on_ready) -> None:
         raise UserError(str(exc)) from None
     await _check_backend(backend, cfg)
     sub = cache_subdir(cfg)
+    _adopt_old_subdir(cfg, sub)
     lock_fd = _lock_cache(sub)
     try:
         await _serve_locked(cfg, on_ready, mp, backend, sub)
@@ -173,7 +208,12 @@ async def _open_journal(cfg, backend, ns: Namespace, sub: str):
 
     writes = WriteLayer(ns, None, backend, sub, sync_close=cfg.sync_close)
     sd_notify("STATUS=finishing uploads left in the write journal")
-    await writes.recover()
+    before = _note_endpoint(cfg, sub)
+    n = await writes.recover()
+    if n and before is not None:
+        log.warning("journal: the %d operations left by a mount through endpoint %s were "
+                    "finished through %s", n, before or "(default)",
+                    cfg.endpoint_url or "(default)")
     return writes if cfg.writable else None
 
 

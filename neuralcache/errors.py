@@ -65,3 +65,11 @@ class InvalidChange(PathError):
 
 class NotSupported(PathError):
     """Links, device nodes and extended attributes are not kept."""
+
+
+class NameTooLong(PathError):
+    """A name component over 255 bytes, or a key longer than the remote accepts."""
+
+
+class FileTooBig(PathError):
+    """A length past the largest object the remote accepts (S3: 5 TiB)."""

@@ -38,6 +38,7 @@ class Node:
     children: dict[str, "Node"] | None = None
     lookups: int = 0
     removed: bool = False           # gone from the remote, kept until forgotten
+    ctime: float = 0.0              # last change here (a --writable mount); 0: mtime
 
     @property
     def key(self) -> str:

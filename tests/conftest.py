@@ -57,6 +57,15 @@ def s3(seaweed):
     return seaweed.client()
 
 
+@pytest.fixture(scope="session")
+def seaweed_writes(tmp_path_factory):
+    """A second server for the write tests (test_write*.py).  Every bucket is a
+    SeaweedFS collection of 7 volumes and bench/seaweed.py allows 100, so one server
+    holds 14 buckets, and the rest of the suite already uses them up."""
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed-write")) as sw:
+        yield sw
+
+
 def new_bucket(s3) -> str:
     name = "t-" + uuid.uuid4().hex[:12]
     s3.create_bucket(Bucket=name)

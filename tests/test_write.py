@@ -15,7 +15,6 @@ import pytest
 import xxhash
 
 from awsproxy import AwsProxy, _error_xml
-from bench.seaweed import SeaweedServer
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
 from test_e2e import read_tree, stats
@@ -26,12 +25,9 @@ MB = 1 << 20
 
 
 @pytest.fixture(scope="module")
-def seaweed(tmp_path_factory):
-    """This module's own server.  Every bucket is a SeaweedFS collection of 7 volumes
-    and bench/seaweed.py allows 100, so the session's server holds 14 buckets, and
-    the rest of the suite already uses them up."""
-    with SeaweedServer(tmp_path_factory.mktemp("seaweed-write")) as sw:
-        yield sw
+def seaweed(seaweed_writes):
+    """The write tests' own server (conftest.py says why)."""
+    return seaweed_writes
 
 
 @pytest.fixture(scope="module")

@@ -399,3 +399,18 @@ def test_read_open_of_a_missing_staging_file_is_a_journal_error(tmp_path):
     _race_on_open(layer, layer.journal.remove_staging)
     with pytest.raises(JournalError):
         trio.run(layer.open, node, os.O_RDONLY, 1)
+
+
+def test_a_closed_file_reopened_for_writing_reads_before_any_write(tmp_path):
+    """fsx's close/reopen: written, closed (the descriptor is closed, the upload still
+    pending), opened O_RDWR again and read before it is written."""
+    layer, node, lf = _layer_with_local_file(tmp_path)
+
+    async def main():
+        h = await layer.open(node, os.O_RDWR, 1)
+        assert await layer.read(h, 0, 100) == b"local"
+        assert await layer.read(h, 2, 2) == b"ca"        # the descriptor is kept
+        await layer.release(h)
+
+    trio.run(main)
+    assert lf.fd is None          # closed again with its last writer

@@ -8,6 +8,9 @@ each safe to repeat after a crash or a lost answer: the journal replays them.
 """
 from __future__ import annotations
 
+import errno
+import io
+import os
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterator, Protocol
@@ -38,6 +41,54 @@ def valid_key(key: str) -> bool:
     return True
 
 
+class FileWindow(io.RawIOBase):
+    """``length`` bytes of an open file from ``offset``, read on demand: the body of a
+    large upload part, so that sending it holds at most ``CHUNK`` bytes in memory
+    (botocore reads it to checksum, seeks back, and reads it again to send it).
+    Reading past the file's end is an error: the staging file must not shrink."""
+
+    # Largest read: 1 MiB, botocore's own checksum chunk.
+    CHUNK = 1 << 20
+
+    def __init__(self, fd: int, offset: int, length: int):
+        super().__init__()
+        self.fd, self.offset, self.length, self.pos = fd, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.length}[whence]
+        self.pos = max(0, min(self.length, base + pos))
+        return self.pos
+
+    def read(self, n: int | None = -1) -> bytes:
+        if n is None or n < 0:
+            n = self.length - self.pos
+        n = min(n, self.length - self.pos, self.CHUNK)
+        if n <= 0:
+            return b""
+        data = os.pread(self.fd, n, self.offset + self.pos)
+        if not data:
+            raise OSError(errno.EIO, "file shorter than the part being sent")
+        self.pos += len(data)
+        return data
+
+    def readinto(self, b) -> int:
+        data = self.read(len(b))
+        b[:len(data)] = data
+        return len(data)
+
+    def __len__(self) -> int:
+        return self.length
+
+
 def walk_parallel(scan: Callable[[str], tuple[list[ObjectInfo], list[str]]], start: str,
                   workers: int) -> Iterator[ObjectInfo]:
     """Breadth-first listing: ``scan(dir)`` returns (objects, sub-directories) and runs
@@ -56,6 +107,14 @@ def walk_parallel(scan: Callable[[str], tuple[list[ObjectInfo], list[str]]], sta
 
 class Backend(Protocol):
     description: str
+    # The remote's limits, checked by a --writable mount before it accepts a name or a
+    # length (write/limits.py): the largest object in bytes (None: no limit of its
+    # own) and the longest key (None: none).
+    max_object_size: int | None
+    max_key_bytes: int | None
+
+    def key_bytes(self, key: str) -> int:
+        """Length of ``key`` as the remote counts it (the prefix included)."""
 
     def check(self) -> None:
         """Raise a domain error if the source cannot be listed and read."""
@@ -78,9 +137,10 @@ class Backend(Protocol):
         """Start a multipart upload of ``key``; returns its upload id."""
 
     def upload_part(self, key: str, upload_id: str, number: int, offset: int,
-                    data: bytes) -> str:
+                    data: bytes | FileWindow) -> str:
         """Part ``number`` (1-based, at byte ``offset``); returns the part's tag.  Parts
-        may be sent in any order and in parallel; all but the last are the same size."""
+        may be sent in any order and in parallel; all but the last are the same size.
+        ``data`` is the bytes, or for a large part a FileWindow to read them from."""
 
     def complete_multipart(self, key: str, upload_id: str, parts: list[tuple[int, str]],
                            size: int) -> ObjectInfo:

@@ -21,7 +21,7 @@ import uuid
 from typing import Iterator
 
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
-from .base import ObjectInfo, valid_key, walk_parallel
+from .base import FileWindow, ObjectInfo, valid_key, walk_parallel
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,14 @@ def _map_oserror(exc: OSError, what: str) -> Exception:
 
 
 class PosixBackend:
+    # No object size limit of its own (the filesystem's shows as EFBIG from the
+    # journal's staging file); a path is at most PATH_MAX (4,096 bytes with its NUL).
+    max_object_size = None
+    max_key_bytes = 4095
+
+    def key_bytes(self, key: str) -> int:
+        return len(os.fsencode(os.path.join(self.root, key)))
+
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
         self.description = self.root
@@ -191,17 +199,21 @@ class PosixBackend:
         return path
 
     def upload_part(self, key: str, upload_id: str, number: int, offset: int,
-                    data: bytes) -> str:
+                    data: bytes | FileWindow) -> str:
         path = self._upload_path(key, upload_id)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)   # no O_CREAT: aborted = gone
         except OSError as exc:
             raise _map_oserror(exc, f"{key} (upload)") from None
         try:
-            view, off = memoryview(data), offset
-            while view:
-                n = os.pwrite(fd, view, off)
-                view, off = view[n:], off + n
+            off = offset
+            chunks = iter(lambda: data.read(FileWindow.CHUNK), b"") \
+                if isinstance(data, FileWindow) else (data,)
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    n = os.pwrite(fd, view, off)
+                    view, off = view[n:], off + n
         except OSError as exc:
             raise _map_oserror(exc, key) from None
         finally:
@@ -294,6 +306,20 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_up(path: str) -> None:
+    """fsync ``path`` and every directory above it on the same filesystem: a new entry
+    survives a power cut only once its parent directory is fsynced (ext4, XFS), so a
+    journal made in a fresh --cache-dir would otherwise vanish whole with it."""
+    path = os.path.abspath(path)
+    dev = os.stat(path).st_dev
+    while True:
+        fsync_dir(path)
+        parent = os.path.dirname(path)
+        if parent == path or os.stat(parent).st_dev != dev:
+            return
+        path = parent
 
 
 def _unlink_quietly(path: str) -> None:

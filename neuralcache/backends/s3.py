@@ -96,6 +96,14 @@ class S3Backend(S3Writes):
     # Ranged reads of at most s3native.NATIVE_MAX_BYTES may go through obstore; a
     # subclass that never makes ranged reads (store/shared.py) switches it off.
     NATIVE_GETS = True
+    # S3's limits (AWS docs, "Amazon S3 objects overview"): an object is at most 5 TiB,
+    # a key at most 1,024 bytes of UTF-8.  A --writable mount refuses more up front
+    # (EFBIG, ENAMETOOLONG) instead of accepting data it can never upload.
+    max_object_size = 5 << 40
+    max_key_bytes = 1024
+
+    def key_bytes(self, key: str) -> int:
+        return len((self.prefix + key).encode("utf-8", "surrogateescape"))
 
     def __init__(self, bucket: str, prefix: str = "", *, endpoint_url: str | None = None,
                  region: str | None = None, concurrency: int = 32,

@@ -22,9 +22,11 @@ import trio
 from .. import cpuacct
 from . import control
 from ..store.blocks import BlockStore, Pinned
-from ..errors import (AlreadyExists, DirectoryNotEmpty, InvalidChange, IsADirectory,
-                      JournalError, JournalFull, NotADirectory, NotFound, NotSupported,
-                      PermissionDenied, Unavailable, UserError, VersionChanged)
+from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
+                      IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
+                      NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
+                      VersionChanged)
+from ..backends.base import NAME_MAX
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
@@ -48,6 +50,8 @@ ERRNO: dict[type, int] = {
     DirectoryNotEmpty: errno.ENOTEMPTY,
     InvalidChange: errno.EINVAL,
     NotSupported: errno.EOPNOTSUPP,  # links, device nodes, xattrs
+    NameTooLong: errno.ENAMETOOLONG,  # a name or key the remote cannot hold
+    FileTooBig: errno.EFBIG,         # a length past the remote's largest object
 }
 
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
@@ -142,14 +146,14 @@ class Operations(pyfuse3.Operations):
         a.attr_timeout = self.ttl
         if node.is_dir:
             a.st_mode = stat.S_IFDIR | self.dir_mode
-            a.st_nlink = 2
+            a.st_nlink = 2 + sum(1 for c in (node.children or {}).values() if c.is_dir)
             a.st_size = 0
         else:
             a.st_mode = stat.S_IFREG | self.file_mode
-            a.st_nlink = 1
+            a.st_nlink = 0 if node.removed else 1     # unlinked but still open: 0
             a.st_size = node.size
-        ns_time = int(node.mtime * 1e9)
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = ns_time
+        a.st_atime_ns = a.st_mtime_ns = int(node.mtime * 1e9)
+        a.st_ctime_ns = int((node.ctime or node.mtime) * 1e9)
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_blksize = ST_BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
@@ -171,6 +175,8 @@ class Operations(pyfuse3.Operations):
         parent = self.ns.get(parent_inode)
         if parent is None:
             raise pyfuse3.FUSEError(errno.ENOENT)
+        if len(name) > NAME_MAX:       # no entry can have it (what ext4 answers)
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
         if sname == ".":
             node = parent
         elif sname == "..":

@@ -43,8 +43,8 @@ from typing import Callable
 import trio
 import xxhash
 
-from ..backends.posix import fsync_dir
-from ..errors import JournalError, JournalFull
+from ..backends.posix import fsync_dir, fsync_up
+from ..errors import FileTooBig, JournalError, JournalFull
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,8 @@ def _decode(line: bytes) -> dict | None:
 def journal_error(exc: OSError, what: str) -> JournalError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return JournalFull(f"{what}: no space left for the write journal")
+    if exc.errno == errno.EFBIG:
+        return FileTooBig(f"{what}: larger than the journal's filesystem allows")
     return JournalError(f"{what}: {exc.strerror or exc}")
 
 
@@ -105,8 +107,12 @@ class Journal:
         """Create the directories, read the log; the pending operation acts in order."""
         os.makedirs(self.staging_dir, mode=0o700, exist_ok=True)
         pending = self._replay()
+        created = not os.path.exists(self.log_path)
         self._fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                            0o600)
+        if created:   # the entries of the log, its directories and --cache-dir itself
+            fsync_dir(self.staging_dir)
+            fsync_up(self.root)
         self._good = os.fstat(self._fd).st_size
         self._torn = self._good > 0 and not self._ends_with_newline()
         return pending

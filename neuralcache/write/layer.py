@@ -28,6 +28,7 @@ from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
                     copy_prefix, fsync, pread, pwrite_all, truncate)
 from .journal import JOURNAL_DIR, Committer, Journal
+from .limits import check_key, check_name, check_size
 from .stream import START_PARTS
 from .barriers import Barriers
 from .names import NameOps
@@ -169,9 +170,12 @@ class WriteLayer(NameOps, Barriers):
             h = await self.open(existing, flags | os.O_WRONLY, pid)
             return h, self.ns.get(existing.inode) or existing
         key = f"{parent.key}/{name}" if parent.key else name
+        check_name(name)
+        check_key(self.backend, key)
         lf = await self._new_local(key, None, 0)
         h = WriteHandle(lf.inode, None, None, pid, bool(flags & os.O_APPEND))
         self._attach(h, lf)
+        self._touch(parent)
         return h, self.ns.get(lf.inode)
 
     async def open(self, node: Node, flags: int, pid: int) -> object | None:
@@ -293,7 +297,22 @@ class WriteLayer(NameOps, Barriers):
         if lf is None:
             return await self.store.read(h.pinned, off, size)
         async with lf.gate.held_shared():
-            return await trio.to_thread.run_sync(pread, lf.fd, size, off, limiter=self._disk)
+            fd = lf.fd if lf.fd is not None else await self._reopen(lf)
+            return await trio.to_thread.run_sync(pread, fd, size, off, limiter=self._disk)
+
+    async def _reopen(self, lf: LocalFile) -> int:
+        """A descriptor on ``lf``'s staging file after the last writer closed it (a file
+        closed, then opened for writing again, and read before any write).  It is
+        sealed, so read-only is enough: the first write copies it (``_unseal``).  The
+        caller holds the gate shared, so the staging file cannot change meanwhile."""
+        staging = lf.staging
+        fd = await trio.to_thread.run_sync(os.open, self.journal.staging_path(staging),
+                                           os.O_RDONLY | os.O_CLOEXEC, limiter=self._disk)
+        if lf.fd is None and lf.staging == staging:
+            lf.fd = fd
+        else:                  # another reader reopened it meanwhile
+            os.close(fd)
+        return lf.fd
 
     async def write(self, h: object, off: int, buf: bytes) -> int:
         if isinstance(h, SyncHandle):
@@ -302,6 +321,7 @@ class WriteLayer(NameOps, Barriers):
         if not isinstance(h, WriteHandle):
             raise NotSupported("not open for writing")
         lf = await self._local(h)
+        check_size(self.backend, (lf.size if h.append else off) + len(buf))
         while True:
             if lf.sealed:
                 async with lf.gate.held_exclusive():
@@ -353,6 +373,7 @@ class WriteLayer(NameOps, Barriers):
         if size is not None:
             if node.is_dir:
                 raise NotSupported(f"{node.key} is a directory")
+            check_size(self.backend, size)
             lf = self._current_lf(h) if isinstance(h, WriteHandle) else None
             lf = lf or self.files.get(node.inode) or \
                 await self._new_local(node.key, node, min(size, node.size))
@@ -366,7 +387,9 @@ class WriteLayer(NameOps, Barriers):
             node.mtime = mtime
             if (lf := self.files.get(node.inode)) is not None:
                 lf.mtime = mtime
-        return self.ns.get(node.inode) or node
+        node = self.ns.get(node.inode) or node
+        node.ctime = time.time()      # chmod and chown too, though they keep nothing
+        return node
 
     async def _truncate(self, lf: LocalFile, size: int) -> None:
         async with lf.gate.held_exclusive():
@@ -409,6 +432,7 @@ class WriteLayer(NameOps, Barriers):
         if node is not None and not node.is_dir and not lf.unlinked:
             self.ns.total_bytes += lf.size - node.size
             node.size, node.version, node.mtime = lf.size, lf.version, lf.mtime
+            node.ctime = time.time()
 
     # -- close, fsync -----------------------------------------------------------------
     async def flush(self, h: object) -> None:

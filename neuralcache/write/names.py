@@ -23,6 +23,7 @@ from ..errors import (AlreadyExists, DirectoryNotEmpty, InvalidChange, IsADirect
                       NotADirectory, NotFound)
 from ..namespace import Node
 from .files import LOCAL_VERSION
+from .limits import check_key, check_name
 from .opqueue import Op, under
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ class NameOps:
         if existing.is_dir:
             raise IsADirectory(f"{existing.key} is a directory")
 
+    def _touch(self, *dirs: Node) -> None:
+        """An entry of each of ``dirs`` was added, removed or renamed: its mtime and
+        ctime are now (POSIX; S3 keeps no directory times, so they last until the next
+        listing)."""
+        now = time.time()
+        for d in dirs:
+            d.mtime = d.ctime = now
+
     def _keep_parent(self, node: Node) -> None:
         """POSIX keeps a directory whose last entry goes; S3 would not: remember it."""
         parent = self.ns.get(node.parent)
@@ -71,6 +80,8 @@ class NameOps:
         acts, released, new_ops, _ = self._forget_file(node, delete_remote=True)
         self._keep_parent(node)
         self.ns.remove(node)
+        node.ctime = time.time()
+        self._touch(self._dir(parent_inode))
         await self._commit("unlink", acts, new_ops, released, path=node.key)
 
     def _forget_file(self, node: Node, delete_remote: bool
@@ -103,8 +114,11 @@ class NameOps:
         parent = self._dir(parent_inode)
         if name in parent.children:
             raise AlreadyExists(f"{_join(parent.key, name)} exists")
+        check_name(name)
+        check_key(self.backend, _join(parent.key, name), 2)   # room for "/x" below it
         node = self.ns.make_dirs(_join(parent.key, name))
         self.local_dirs.add(node.key)
+        self._touch(parent)
         return node
 
     async def rmdir(self, parent_inode: int, name: str) -> None:
@@ -116,6 +130,7 @@ class NameOps:
         self._keep_parent(node)
         self.local_dirs.discard(node.key)
         self.ns.remove(node)
+        self._touch(self._dir(parent_inode))
 
     # -- rename ---------------------------------------------------------------------
     async def rename(self, old_parent: int, old_name: str, new_parent_inode: int,
@@ -130,6 +145,10 @@ class NameOps:
         if target is not None and flags & RENAME_NOREPLACE:
             raise AlreadyExists(f"{target.key} exists")
         src, dst = node.key, _join(new_parent.key, new_name)
+        check_name(new_name)
+        check_key(self.backend, dst, max((len(f.key.encode("utf-8", "surrogateescape"))
+                                          - len(src.encode("utf-8", "surrogateescape"))
+                                          for f in self.ns._subtree(node)), default=0))
         if node.is_dir:
             if under(dst, src):
                 raise InvalidChange(f"cannot move {src} into itself")
@@ -164,6 +183,8 @@ class NameOps:
         for d in [d for d in self.local_dirs if under(d, src)]:
             self.local_dirs.discard(d)
             self.local_dirs.add(dst + d[len(src):])
+        self._touch(self._dir(old_parent), new_parent)
+        node.ctime = time.time()
         await self._commit("rename", acts, new_ops, released, src=src, dst=dst)
 
     def _move_file(self, f: Node, k: str, k2: str, target_held: bool

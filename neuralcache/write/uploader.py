@@ -25,7 +25,7 @@ from typing import Callable
 
 import trio
 
-from ..backends.base import ObjectInfo
+from ..backends.base import FileWindow, ObjectInfo
 from ..backends.posix import pread_exact
 from ..errors import BackendError, NotFound, Unavailable
 from .journal import Committer, Journal
@@ -58,6 +58,14 @@ DEFAULT_PART_SECONDS = 0.2
 MIN_REQUESTS = 2
 MAX_REQUESTS = 16
 PART_WINDOW = 32
+# Memory: the staged bytes uploads hold at once are at most UPLOAD_MEMORY, whatever the
+# file's size.  A part of at most UPLOAD_MEMORY / MAX_REQUESTS (16 MiB) is read whole
+# (one pread, the fast path; every part of a file up to 156 GiB), a larger one (S3's
+# 10,000-part limit makes parts of up to 525 MiB for a 5 TiB object) is sent from the
+# staging file through a FileWindow, 1 MiB at a time.  256 MiB is ~0.1-0.2% of a GPU
+# node's memory; before this a truncate() to 6 TiB made 16 parts of 630 MiB in flight
+# and grew the daemon to 17 GB.
+UPLOAD_MEMORY = 256 * MIB
 # Backoff between failed attempts of one operation: 1 s doubling to 30 s (an attempt
 # itself takes ~3 s of backend retries), so a 20 s outage costs at most ~30 s more.
 RETRY_BASE_S = 1.0
@@ -72,6 +80,13 @@ def requests_for(part_seconds: float, part_size: int = PART_SIZE) -> int:
     """Little's law: requests in flight to move UPLOAD_TARGET_BPS."""
     n = math.ceil(UPLOAD_TARGET_BPS * part_seconds / part_size)
     return max(MIN_REQUESTS, min(MAX_REQUESTS, n))
+
+
+def part_body(fd: int, length: int, offset: int) -> bytes | FileWindow:
+    """A part's body: its bytes, or a window on the staging file for a large part."""
+    if length > UPLOAD_MEMORY // MAX_REQUESTS:
+        return FileWindow(fd, offset, length)
+    return _pread_all(fd, length, offset)
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:
@@ -232,7 +247,7 @@ class Uploader:
             def one() -> tuple[str, float]:
                 t0 = time.monotonic()
                 tag = self.backend.upload_part(op.key, st["id"], number, off,
-                                               _pread_all(fd, length, off))
+                                               part_body(fd, length, off))
                 return tag, time.monotonic() - t0
 
             try:

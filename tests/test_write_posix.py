@@ -1,0 +1,248 @@
+"""The write path held to what POSIX tools expect (issue 18): findings of fsx and
+pjdfstest, each reproduced here on a real --writable mount of a real SeaweedFS
+bucket, plus the limits that keep a bad syscall from taking the node down (names and
+lengths the remote cannot hold, the uploads' memory budget)."""
+import errno
+import os
+import time
+
+import pytest
+import trio
+
+from conftest import cli_env, mounted, needs_fuse, new_bucket, payload, run_cli
+from test_e2e import stats
+from test_write import RefusingProxy, in_bucket, sync
+
+MB = 1 << 20
+TIB = 1 << 40
+
+e2e = [needs_fuse, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def seaweed(seaweed_writes):
+    return seaweed_writes
+
+
+@pytest.fixture(scope="module")
+def s3(seaweed):
+    return seaweed.client()
+
+
+@pytest.fixture(scope="module")
+def shared_bucket(s3):
+    return new_bucket(s3)
+
+
+@pytest.fixture
+def bucket(shared_bucket, request):
+    return f"{shared_bucket}/{request.node.name}"
+
+
+@pytest.fixture
+def env(seaweed):
+    return cli_env(seaweed)
+
+
+def wmount(seaweed, bucket, tmp_path, *args, endpoint=None):
+    return mounted(f"s3://{bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                   cache_dir=tmp_path / "cache",
+                   args=["--endpoint-url", endpoint or seaweed.endpoint, "--writable", *args])
+
+
+def errno_of(fn, *args) -> int:
+    try:
+        fn(*args)
+    except OSError as exc:
+        return exc.errno
+    return 0
+
+
+# -- fsx's first failure: close, reopen for writing, read ----------------------------
+@pytest.mark.e2e
+@needs_fuse
+def test_reopen_for_update_reads_what_was_written(seaweed, s3, bucket, tmp_path, env):
+    data = payload(1, 100_000)
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        p = mp / "db.bin"
+        with open(p, "wb") as f:
+            f.write(data)
+        with open(p, "r+b") as f:            # sqlite, numpy.memmap r+, h5py r+
+            assert f.read() == data
+            f.seek(10)
+            f.write(b"XYZ")
+            f.seek(0)
+            assert f.read(16) == data[:10] + b"XYZ" + data[13:16]
+        want = data[:10] + b"XYZ" + data[13:]
+        with open(p, "ab") as f:             # an appending log, reopened
+            f.write(b"tail")
+        assert p.read_bytes() == want + b"tail"
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"db.bin": want + b"tail"}
+
+
+# -- names and lengths the remote cannot hold ------------------------------------------
+@pytest.mark.e2e
+@needs_fuse
+def test_names_and_keys_the_remote_cannot_hold_are_enametoolong(seaweed, s3, bucket,
+                                                                 tmp_path, env):
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        long_name = "n" * 256
+        assert errno_of(open, mp / long_name, "wb") == errno.ENAMETOOLONG
+        assert errno_of(os.mkdir, mp / long_name) == errno.ENAMETOOLONG
+        (mp / "ok.bin").write_bytes(b"x")
+        assert errno_of(os.rename, mp / "ok.bin", mp / long_name) == errno.ENAMETOOLONG
+        # every component fits, the key does not: S3 keys are at most 1,024 bytes
+        deep = mp
+        for i in range(4):
+            deep = deep / (str(i) * 200)
+            deep.mkdir()
+        assert errno_of(open, deep / ("f" * 250), "wb") == errno.ENAMETOOLONG
+        # a file whose key is 20 bytes short of the limit (the prefix counts)
+        prefix = bucket.partition("/")[2] + "/"
+        fits = "s" * (1024 - 20 - len(prefix) - 4 * 201)
+        (deep / fits).write_bytes(b"fits")
+        # a directory rename that would push it past the limit
+        assert errno_of(os.rename, mp / ("0" * 200), mp / ("z" * 230)) == errno.ENAMETOOLONG
+        assert (deep / fits).read_bytes() == b"fits"       # nothing moved
+        r = run_cli("sync", mp, env=env)       # nothing is stuck: the barrier passes
+        assert r.returncode == 0, r.stderr
+        assert set(in_bucket(s3, bucket)) == {
+            "ok.bin", "/".join([str(i) * 200 for i in range(4)]) + "/" + fits}
+    assert not (tmp_path / "mnt" / "ok.bin").exists()      # unmounted cleanly
+
+
+@pytest.mark.e2e
+@needs_fuse
+def test_lengths_past_the_largest_object_are_efbig_and_cost_no_memory(seaweed, s3, bucket,
+                                                                       tmp_path, env):
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        pid = stats(mp)["pid"]
+        p = mp / "huge.bin"
+        p.write_bytes(b"start")
+        assert errno_of(os.truncate, p, 6 * TIB) == errno.EFBIG
+        assert errno_of(os.truncate, p, 5 * TIB + 1) == errno.EFBIG
+        with open(p, "r+b") as f:
+            assert errno_of(os.ftruncate, f.fileno(), 10 * TIB) == errno.EFBIG
+            assert errno_of(os.pwrite, f.fileno(), b"x", 5 * TIB) == errno.EFBIG
+        assert p.stat().st_size == 5 and p.read_bytes() == b"start"
+        sync(mp, env)
+        rss_kb = int(next(line.split()[1] for line in open(f"/proc/{pid}/status")
+                          if line.startswith("VmHWM")))
+        assert rss_kb < 1_000_000, rss_kb       # the old path reached 17 GB
+    assert in_bucket(s3, bucket) == {"huge.bin": b"start"}
+
+
+# -- what pjdfstest checks ---------------------------------------------------------------
+@pytest.mark.e2e
+@needs_fuse
+def test_link_counts_and_directory_times(seaweed, s3, bucket, tmp_path, env):
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        d = mp / "d"
+        d.mkdir()
+        assert os.stat(d).st_nlink == 2
+        (d / "a").mkdir()
+        (d / "b").mkdir()
+        (d / "f").write_bytes(b"file")
+        assert os.stat(d).st_nlink == 4           # ".", its entry, two ".."s
+        fd = os.open(d / "f", os.O_RDONLY)
+        try:
+            os.unlink(d / "f")
+            assert os.fstat(fd).st_nlink == 0     # unlinked but open
+        finally:
+            os.close(fd)
+
+        def changes(what):
+            before = os.stat(d)
+            time.sleep(0.02)
+            what()
+            after = os.stat(d)
+            return (after.st_mtime_ns > before.st_mtime_ns,
+                    after.st_ctime_ns > before.st_ctime_ns)
+
+        assert changes(lambda: os.rmdir(d / "b")) == (True, True)
+        assert changes(lambda: os.mkdir(d / "c")) == (True, True)
+        assert changes(lambda: (d / "g").write_bytes(b"g")) == (True, True)
+        assert changes(lambda: os.rename(d / "g", d / "h")) == (True, True)
+        assert changes(lambda: os.unlink(d / "h")) == (True, True)
+        assert os.stat(d).st_nlink == 4
+        # utimensat sets mtime; ctime is the time of that change
+        os.utime(mp / "d" / "a", ns=(10**9, 10**9))
+        st = os.stat(mp / "d" / "a")
+        assert st.st_mtime_ns == 10**9 and st.st_ctime_ns > 10**18
+
+
+# -- the journal belongs to the bucket, not to the endpoint ---------------------------------
+@pytest.mark.e2e
+@needs_fuse
+def test_pending_uploads_are_finished_through_another_endpoint(seaweed, s3, bucket,
+                                                               tmp_path, env):
+    with RefusingProxy(seaweed.endpoint, seaweed.access_key, seaweed.secret_key) as proxy:
+        proxy.refuse = True
+        with wmount(seaweed, bucket, tmp_path, endpoint=proxy.endpoint) as mp:
+            (mp / "ckpt.bin").write_bytes(b"written through a proxy that refused it")
+            r = run_cli("umount", mp, "--force", env=env)   # leave it in the journal
+            assert r.returncode == 0, r.stderr
+    assert in_bucket(s3, bucket) == {}
+    with wmount(seaweed, bucket, tmp_path) as mp:          # another endpoint, same bucket
+        assert in_bucket(s3, bucket) == {"ckpt.bin": b"written through a proxy that refused it"}
+        assert stats(mp)["upload_pending_ops"] == 0
+    log = (tmp_path / "cache" / "neuralcache.log").read_text()
+    assert "finished through" in log
+
+
+# -- the uploads' memory budget, without a kernel -------------------------------------------
+def _hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("VmHWM")))
+
+
+def test_uploads_hold_at_most_their_memory_budget_whatever_the_part_size(seaweed, tmp_path,
+                                                                         monkeypatch):
+    """A 512 MiB sparse file whose parts are 128 MiB each (the 10,000-part limit
+    lowered to 4 stands in for a 5 TiB object's 525 MiB parts): the parts go from the
+    staging file, so the process's peak memory grows by far less than one part."""
+    from neuralcache.backends.s3 import S3Backend
+    from neuralcache.write import uploader as upmod
+    from neuralcache.write.journal import Committer, Journal
+    from neuralcache.write.opqueue import OpQueue
+
+    s3c = seaweed.client()
+    name = new_bucket(s3c)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
+    monkeypatch.setattr(upmod, "MAX_PARTS", 4)
+    backend = S3Backend(name, endpoint_url=seaweed.endpoint)
+    j = Journal(str(tmp_path / "j"))
+    j.open()
+    staging, fd = j.create_staging()
+    os.pwrite(fd, b"head", 0)
+    os.pwrite(fd, b"tail", 512 * MB - 4)
+    os.close(fd)
+    q = OpQueue()
+
+    async def main():
+        c = Committer(j, lambda: [])
+        up = upmod.Uploader(backend, j, c, q, sealed=lambda s: True, on_done=lambda *a: None)
+        async with trio.open_nursery() as n:
+            await n.start(c.run)
+            await n.start(up.run)
+            op = q.new("put", "big.bin", staging=staging, size=512 * MB)
+            op.durable = True
+            q.notify()
+            await q.wait([op])
+            n.cancel_scope.cancel()
+
+    with open("/proc/self/clear_refs", "w") as f:   # reset VmHWM to the current RSS
+        f.write("5")
+    base = _hwm_kb()
+    trio.run(main)
+    grown_mb = (_hwm_kb() - base) / 1024
+    j.close()
+    backend.close()
+    head = s3c.get_object(Bucket=name, Key="big.bin", Range="bytes=0-3")["Body"].read()
+    tail = s3c.get_object(Bucket=name, Key="big.bin",
+                          Range=f"bytes={512 * MB - 4}-{512 * MB - 1}")["Body"].read()
+    assert (head, tail) == (b"head", b"tail")
+    assert s3c.head_object(Bucket=name, Key="big.bin")["ContentLength"] == 512 * MB
+    assert grown_mb < 64, f"peak memory grew by {grown_mb:.0f} MiB for 128 MiB parts"
