@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.runner import run
         return run(a)
     if a.cmd == "ceiling":
-        from bench.ceiling import main as ceiling_main
+        from bench.wan.ceiling import main as ceiling_main
         return ceiling_main(a)
     from bench.scenarios import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
     from bench.systems import ALL_SYSTEMS

@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 
-from bench.wan import WanProxyProcess
+from .process import WanProxyProcess
 
 _BUF = memoryview(bytes(range(256)) * (4 << 12))  # 4 MiB of a fixed pattern
 
