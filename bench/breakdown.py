@@ -41,7 +41,7 @@ import xxhash
 from neuralcache.admin.sizes import parse_size
 
 from .ncmount import mounted, stats
-from .seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from .seqread import cpu_seconds, minor_faults
 from .systems import drop_page_cache
 from .wan import WanProxyProcess

@@ -21,7 +21,7 @@ from bench.systems import (MountOptions, Mounted, SystemEnv, abort_mount, drop_p
                            make_system)
 
 if TYPE_CHECKING:
-    from bench.seaweed import SeaweedServer
+    from bench.servers.seaweed import SeaweedServer
     from bench.wan import WanProxyProcess
 
 

@@ -41,7 +41,7 @@ def _rss_mb() -> int:
 def get_cpu(n: int, size: int) -> None:
     from neuralcache.backends.s3 import S3Backend
 
-    from .seaweed import SeaweedServer
+    from bench.servers.seaweed import SeaweedServer
 
     with SeaweedServer(tempfile.mkdtemp(prefix="nc-micro-")) as sw:
         c = sw.client()

@@ -70,9 +70,9 @@ from typing import Callable
 
 import xxhash
 
-from .cluster import SeaweedCluster
+from bench.servers.cluster import SeaweedCluster
 from .ncmount import mounted, stats
-from .seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from .systems import Mounted, MountOptions, SystemEnv, abort_mount, make_system
 from .wan import WanProxyProcess
 

@@ -21,7 +21,7 @@ from bench import report
 from bench.harness import Ctx, log
 from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
                              systems_for)
-from bench.seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
 from bench.wan import WanProxyProcess, cpu_note
 

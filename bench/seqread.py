@@ -22,7 +22,7 @@ from pathlib import Path
 from neuralcache.admin.sizes import parse_size
 
 from .ncmount import mounted, stats
-from .seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from .systems import drop_page_cache
 from .wan import WanProxyProcess
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from .ncmount import mounted, stats
-from .seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from .wan import WanProxy
 
 MB = 1 << 20

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from bench.seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 
 NEURALCACHE = [sys.executable, "-m", "neuralcache"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.ncmount import stats
-from bench.seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from bench.soak import random_reads
 from bench.systems import drop_page_cache
 from bench.wan import WanProxy

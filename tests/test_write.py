@@ -15,7 +15,7 @@ import pytest
 import xxhash
 
 from awsproxy import AwsProxy, _error_xml
-from bench.seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
 from test_e2e import read_tree, stats

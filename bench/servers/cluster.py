@@ -18,7 +18,7 @@ base+VOLUME_SERVERS+1 = filer, +2 = s3.
         c.kill_s3()             # SIGKILL the S3 gateway (c.start_s3() again)
         c.proxy.stats()         # the proxy's byte counters
 
-``python -m bench.cluster DIR`` runs one until Ctrl-C.
+``python -m bench.servers.cluster DIR`` runs one until Ctrl-C.
 """
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from bench.seaweed import STOP_GRACE_S, SeaweedServer, free_port_block, weed_binary
 from bench.wan import WanProxyProcess
+
+from .seaweed import STOP_GRACE_S, SeaweedServer, free_port_block, weed_binary
 
 VOLUME_SERVERS = 3
 # Two copies on different servers of one rack ("001"): survives one lost server.
@@ -186,7 +187,7 @@ class SeaweedCluster(SeaweedServer):
         self.proc = None
 
 
-if __name__ == "__main__":   # manual use: python -m bench.cluster DIR
+if __name__ == "__main__":   # manual use: python -m bench.servers.cluster DIR
     import argparse
 
     ap = argparse.ArgumentParser(description="run a SeaweedFS cluster (master, 3 volume "

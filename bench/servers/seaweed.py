@@ -195,7 +195,7 @@ class SeaweedServer:
         )
 
 
-if __name__ == "__main__":  # manual use: python -m bench.seaweed DIR
+if __name__ == "__main__":  # manual use: python -m bench.servers.seaweed DIR
     import argparse
 
     ap = argparse.ArgumentParser(description="run an embedded SeaweedFS S3 server")
