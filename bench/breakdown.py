@@ -40,10 +40,10 @@ import xxhash
 
 from neuralcache.admin.sizes import parse_size
 
-from .ncmount import mounted, stats
+from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
 from .seqread import cpu_seconds, minor_faults
-from .systems import drop_page_cache
+from bench.systems.base import drop_page_cache
 from .wan import WanProxyProcess
 from .workloads import read_hashed
 

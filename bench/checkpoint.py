@@ -40,7 +40,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench.systems import MountOptions, Mounted, drop_page_cache
+from bench.systems.base import MountOptions, Mounted, drop_page_cache
 from bench.workloads import LINK_RANGE, link_fetch, read_hashed
 
 SCENARIO = "checkpoint"

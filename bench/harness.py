@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from bench import datasets
-from bench.cpu import CpuMeter
-from bench.systems import (MountOptions, Mounted, SystemEnv, abort_mount, drop_page_cache,
+from bench.systems.cpu import CpuMeter
+from bench.systems.base import (MountOptions, Mounted, SystemEnv, abort_mount, drop_page_cache,
                            make_system)
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Ctx:
 
     def measure(self, m: Mounted | None, phase: str, fn: Callable[[], dict]) -> dict:
         """Run ``fn`` and attach link bytes (proxy counter deltas), cache stats deltas and
-        the CPU of every process involved (bench/cpu.py: this process and its children,
+        the CPU of every process involved (bench/systems/cpu.py: this process and its children,
         e.g. loader workers, plus the system's daemon; not the proxy or SeaweedFS)."""
         p0 = self.proxy.stats()
         s0 = m.stats() if m else None

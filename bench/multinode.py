@@ -9,7 +9,7 @@ checkpoint loaded by every node, with and without the shared tier.
 One implementation, two ways in.  As the ``multinode`` scenario of ``python -m bench
 run`` it reuses the runner's origin -- its SeaweedFS (``ctx.seaweed``, bucket
 ``multinode``) behind its WAN proxy (``ctx.proxy``, the run's --rtt-ms and link faults),
-whose byte counter is the WAN bytes -- and its systems (``bench/systems.py``: rclone and
+whose byte counter is the WAN bytes -- and its systems (``bench/systems/``: rclone and
 s3fs mounted as in the main bench, one per node).  ``python -m bench.multinode`` starts
 its own SeaweedFS and WAN proxy the same way and runs the same ``measure``.  The shared
 tier is always this module's own SeaweedFS *cluster* (``bench/cluster.py``: master,
@@ -71,9 +71,9 @@ from typing import Callable
 import xxhash
 
 from bench.servers.cluster import SeaweedCluster
-from .ncmount import mounted, stats
+from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
-from .systems import Mounted, MountOptions, SystemEnv, abort_mount, make_system
+from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount, make_system
 from .wan import WanProxyProcess
 
 MB = 1 << 20
@@ -246,7 +246,7 @@ class Bench:
 
     @contextlib.contextmanager
     def system_nodes(self, system: str, n: int):
-        """``n`` fresh mounts of rclone or s3fs (bench/systems.py), each its own cache."""
+        """``n`` fresh mounts of rclone or s3fs (bench/systems/), each its own cache."""
         opts = MountOptions(cache_mb=CACHE_MB, memory_cache_mb=CACHE_MB)
         with contextlib.ExitStack() as stack:
             nodes = []
@@ -793,7 +793,7 @@ def scenario(ctx) -> list[dict]:
     p = params_for(ctx.quick, ctx.seed, ctx.rtt_ms, ctx.systems)
     try:
         r = measure(s, p)
-    except SystemExit as exc:       # a neuralcache command failed (bench/ncmount.py)
+    except SystemExit as exc:       # a neuralcache command failed (bench/systems/ncmount.py)
         raise RuntimeError(str(exc)) from None
     r["targets"] = targets(r)
     text = table(r)

@@ -22,7 +22,7 @@ from bench.harness import Ctx, log
 from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
                              systems_for)
 from bench.servers.seaweed import SeaweedServer
-from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
+from bench.systems.base import ALL_SYSTEMS, SystemEnv, code_revision
 from bench.wan import WanProxyProcess, cpu_note
 
 BUCKET = "bench"

@@ -11,11 +11,12 @@ import importlib
 import time
 from typing import Callable
 
-from bench import checkpoint, peers
+from bench import checkpoint
 from bench import train as train_mod
 from bench import trainfiles as tf
 from bench import workloads as wl
-from bench.systems import PEER_SYSTEMS, S3FS_MIN_CACHE_MB, MountOptions
+from bench.systems import peers
+from bench.systems.base import PEER_SYSTEMS, S3FS_MIN_CACHE_MB, MountOptions
 
 SCENARIOS: dict[str, Callable] = {}
 # What "--scenario all" runs: the built-in scenarios (their sizes fit the --quick and
@@ -54,7 +55,7 @@ def missing_requirements(names: list[str]) -> str | None:
 def systems_for(name: str, systems: list[str]) -> list[str]:
     """The systems scenario ``name`` runs: ``systems`` without neuralcache-hints unless the
     scenario publishes hints, and without the peers (client systems) that have no
-    version of its workload (bench/peers.py: ``scenarios_of``)."""
+    version of its workload (bench/systems/peers.py: ``scenarios_of``)."""
     out = list(systems) if name in HINTED else [s for s in systems if s != HINTS_SYSTEM]
     return [s for s in out if s not in PEER_SYSTEMS or name in peers.scenarios_of(s)]
 

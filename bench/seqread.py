@@ -21,9 +21,9 @@ from pathlib import Path
 
 from neuralcache.admin.sizes import parse_size
 
-from .ncmount import mounted, stats
+from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
-from .systems import drop_page_cache
+from bench.systems.base import drop_page_cache
 from .wan import WanProxyProcess
 
 CHUNK = 1 << 20

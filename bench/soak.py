@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from .ncmount import mounted, stats
+from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
 from .wan import WanProxy
 

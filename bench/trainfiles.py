@@ -16,9 +16,9 @@ The systems differ only in where the batches come from:
 * a mount or local disk: ``FilesDataset`` (a plain map-style dataset over the files)
   with ``EpochSampler`` (a seeded permutation per epoch), optionally wrapped in
   ``neuralcache.torch.HintingSampler`` (the ``neuralcache-hints`` system);
-* s3torchconnector: ``S3MapDataset`` with the same sampler (bench/peers.py);
+* s3torchconnector: ``S3MapDataset`` with the same sampler (bench/systems/peers.py);
 * MosaicML Streaming and LitData: their own datasets and loaders over their converted
-  copies, shuffled by their own seeded algorithms (bench/peers.py).
+  copies, shuffled by their own seeded algorithms (bench/systems/peers.py).
 
 Calibration of ``COMPUTE_S`` (redo it when the machine changes): run the local system
 with no compute step (``python -m bench.trainfiles calibrate``, which generates the
@@ -235,7 +235,7 @@ def calibrate(data_dir: Path, seed: int = 0) -> dict:
     """The loader's own rate from local disk (no compute step), cold then warm, and the
     loop's per-batch overhead with the loader far ahead."""
     from bench.datasets import materialize
-    from bench.systems import drop_page_cache
+    from bench.systems.base import drop_page_cache
 
     quiet_torch_warnings()
     man = materialize(dataset(False), data_dir, seed)

@@ -37,7 +37,7 @@ import xxhash
 
 from bench import datasets, report
 from bench.seqread import cpu_seconds
-from bench.systems import MountOptions
+from bench.systems.base import MountOptions
 
 from . import config, data, prepare
 

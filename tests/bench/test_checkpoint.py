@@ -10,7 +10,7 @@ import pytest
 from bench import checkpoint as ck
 from bench import report, scenarios
 from bench.harness import Ctx
-from bench.systems import PEER_SYSTEMS, SystemEnv
+from bench.systems.base import PEER_SYSTEMS, SystemEnv
 from conftest import delete_bucket, needs_fuse, new_bucket
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import cpu, peers, report, scenarios, trainfiles
+from bench import report, scenarios, trainfiles
 from bench.datasets import Dataset, materialize
 from bench.harness import Ctx
-from bench.systems import (ALL_SYSTEMS, PEER_SYSTEMS, Mounted, MountOptions, SystemEnv,
+from bench.systems import cpu, peers
+from bench.systems.base import (ALL_SYSTEMS, PEER_SYSTEMS, Mounted, MountOptions, SystemEnv,
                            make_system)
 
 ROW_KEYS = {"scenario", "system", "phase", "value", "unit", "seconds", "bytes",

@@ -6,7 +6,7 @@
 ``python -m neuralcache`` of this interpreter (so a checkout's working tree is what
 runs), only through its documented CLI and control directory (DEVELOPING.md).  A failing
 command ends the script with its one-line error (SystemExit), as a user would see it.
-The runner's systems (bench/systems.py) have their own mount with error rows instead.
+The runner's systems (bench/systems/) have their own mount with error rows instead.
 """
 from __future__ import annotations
 

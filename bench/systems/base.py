@@ -8,7 +8,7 @@
   the mount first (neuralcache.hints.publish_order, what HintingSampler does)
 * ``rclone``                  ``rclone mount`` with ``--vfs-cache-mode full``, read-ahead on
 * ``s3fs``                    ``s3fs`` with ``use_cache`` and a raised ``parallel_count``
-* the peers (bench/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
+* the peers (bench/systems/peers.py): ``s3torchconnector``, ``mosaic``, ``litdata`` and their
   ``-tuned`` rows -- not mounts but *client* systems: libraries the workload calls
 
 Mounts are read-only unless a scenario asks ``MountOptions(writable=True)`` (the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.cpu import find_pids
+from bench.systems.cpu import find_pids
 
 # How long a FUSE mount may take to appear (s3fs/rclone: ~1 s; neuralcache lists first).
 MOUNT_TIMEOUT_S = 60.0
@@ -52,7 +52,7 @@ S3FS_RESERVE_MB = 8
 
 MOUNT_SYSTEMS = ["link", "local", "neuralcache", "neuralcache-hints", "neuralcache-noprefetch",
                  "rclone", "s3fs"]
-# The client systems (bench/peers.py, kept in step by tests/bench/test_peers.py).
+# The client systems (bench/systems/peers.py, kept in step by tests/bench/test_peers.py).
 PEER_SYSTEMS = ["s3torchconnector", "s3torchconnector-tuned", "mosaic", "mosaic-tuned",
                 "litdata", "litdata-tuned"]
 ALL_SYSTEMS = MOUNT_SYSTEMS + PEER_SYSTEMS
@@ -259,7 +259,7 @@ def _fresh_dir(path: Path) -> Path:
 # -- the systems -------------------------------------------------------------------------------
 class System:
     name = "?"
-    kind = "mount"       # "mount": a filesystem root; "client": a library (bench/peers.py)
+    kind = "mount"       # "mount": a filesystem root; "client": a library (peers.py)
     hints = False        # the workload publishes each epoch's order to the mount
     remote = True
 
@@ -430,7 +430,7 @@ def code_revision(path: Path | None = None) -> str | None:
     NeuralCache is usually an editable install of this checkout, so the daemon a mount
     starts runs whatever the working tree holds at that moment: record it per mount.
     """
-    path = path or Path(__file__).resolve().parent.parent
+    path = path or Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
@@ -556,6 +556,6 @@ def make_system(name: str, env: SystemEnv) -> System:
     if name == "neuralcache-hints":
         return NeuralCacheSystem(env, prefetch=True, hints=True)
     if name in PEER_SYSTEMS:
-        from bench.peers import make_peer
+        from bench.systems.peers import make_peer
         return make_peer(name, env)
     raise KeyError(f"unknown system {name!r} (link is measured by the runner)")

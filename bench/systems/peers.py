@@ -21,9 +21,9 @@ its CPU (this process, its loader workers) is counted by the harness like every 
 A client system is not a mount: ``open()`` yields a ``Mounted`` with ``kind="client"``,
 no root, and ``client``: an object with this peer's own version of each workload
 (``samples_epoch``, ``shards_epoch``, ``bigfile_read``, ``train_loader``), each returning
-the same row fields as bench/workloads.py.  The converted copies (MDS, LitData chunks) are
+the same row fields as the mounts' workloads.  The converted copies (MDS, LitData chunks) are
 made once per run from the local copy of the dataset, in a subprocess (``python -m
-bench.peers convert``: LitData's optimize switches multiprocessing to spawn, which must
+bench.systems.peers convert``: LitData's optimize switches multiprocessing to spawn, which must
 not leak into the benchmark process), and put straight into SeaweedFS, not through the
 link; the time and size go into each row's ``conversion`` (a note, not counted).
 """
@@ -45,7 +45,7 @@ from pathlib import Path
 import xxhash
 
 from bench import trainfiles as tf
-from bench.systems import (PEER_SYSTEMS, MountOptions, Mounted, System, SystemEnv,
+from bench.systems.base import (PEER_SYSTEMS, MountOptions, Mounted, System, SystemEnv,
                            SystemUnavailable)
 from bench.workloads import READ_CHUNK, SAMPLE_THREADS, _order
 
@@ -174,9 +174,9 @@ def converted(env: SystemEnv, fmt: str, ds_name: str, manifest: dict, work: Path
     out = work / f"convert-{prefix.replace('/', '-')}"
     mpath = work / f"manifest-{ds_name}.json"
     mpath.write_text(json.dumps(manifest))
-    here = str(Path(__file__).resolve().parent.parent)
+    here = str(Path(__file__).resolve().parents[2])
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "bench.peers", "convert", fmt,
+    r = subprocess.run([sys.executable, "-m", "bench.systems.peers", "convert", fmt,
                         str(env.data_dir / ds_name), str(mpath), str(out),
                         str(shard_mb or 0)],
                        capture_output=True, text=True, timeout=3600, cwd=here,
@@ -536,7 +536,7 @@ def make_peer(name: str, env: SystemEnv) -> ClientSystem:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["convert"] or len(sys.argv) not in (6, 7):
-        print("usage: python -m bench.peers convert mds|litdata SRC MANIFEST OUT [SHARD_MB]",
+        print("usage: python -m bench.systems.peers convert mds|litdata SRC MANIFEST OUT [SHARD_MB]",
               file=sys.stderr)
         sys.exit(2)
     fmt, src, man, out = sys.argv[2:6]
