@@ -739,7 +739,7 @@ def table(r: dict) -> str:
 
 
 def rows(r: dict) -> list[dict]:
-    """The runner's rows (bench/report.py): per epoch and checkpoint load, the slowest
+    """The runner's rows (bench/report/results.py): per epoch and checkpoint load, the slowest
     node's MB/s, WAN bytes as ``link_bytes_down``; a ``link`` row = the in-region link."""
     link = r["link_mbps"]["in_region"]
     base = {"scenario": "multinode"}

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import report
+from bench.report import results as report
 from bench.harness import Ctx, log
 from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
                              systems_for)

@@ -35,7 +35,8 @@ from pathlib import Path
 
 import xxhash
 
-from bench import datasets, report
+from bench import datasets
+from bench.report import results as report
 from bench.seqread import cpu_seconds
 from bench.systems.base import MountOptions
 

@@ -8,7 +8,8 @@ import io
 import pytest
 
 from bench import checkpoint as ck
-from bench import report, scenarios
+from bench import scenarios
+from bench.report import results as report
 from bench.harness import Ctx
 from bench.systems.base import PEER_SYSTEMS, SystemEnv
 from conftest import delete_bucket, needs_fuse, new_bucket

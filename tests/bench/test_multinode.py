@@ -3,7 +3,7 @@ no mounts)."""
 from __future__ import annotations
 
 from bench import multinode as mn
-from bench import report
+from bench.report import results as report
 from bench.scenarios import SCENARIOS, DEFAULT
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import report, scenarios, trainfiles
+from bench import scenarios, trainfiles
+from bench.report import results as report
 from bench.datasets import Dataset, materialize
 from bench.harness import Ctx
 from bench.systems import cpu, peers

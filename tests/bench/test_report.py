@@ -1,7 +1,7 @@
 """Ratios and table of a run, the scenario registry (no servers, no mounts)."""
 from __future__ import annotations
 
-from bench import report
+from bench.report import results as report
 from bench.scenarios import SCENARIOS, register
 
 

@@ -1,7 +1,7 @@
 """The maze bench scenario's report pieces (no servers, no mounts, no torch)."""
 from __future__ import annotations
 
-from bench import report
+from bench.report import results as report
 from bench.maze import scenario
 
 
