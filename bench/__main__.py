@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "ceiling":
         from bench.wan.ceiling import main as ceiling_main
         return ceiling_main(a)
-    from bench.scenarios import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
+    from bench.scenarios.registry import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
     from bench.systems.base import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"

@@ -45,7 +45,7 @@ from bench.servers.seaweed import SeaweedServer
 from .seqread import cpu_seconds, minor_faults
 from bench.systems.base import drop_page_cache
 from .wan import WanProxyProcess
-from .workloads import read_hashed
+from bench.scenarios.workloads import read_hashed
 
 GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from bench.report import results as report
-from bench.harness import Ctx, log
-from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
+from bench.scenarios.harness import Ctx, log
+from bench.scenarios.registry import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
                              systems_for)
 from bench.servers.seaweed import SeaweedServer
 from bench.systems.base import ALL_SYSTEMS, SystemEnv, code_revision

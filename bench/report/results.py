@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.train import within
+from bench.scenarios.train import within
 
 
 WINDOWED = ("train", "train-files", "maze")   # rows with per-window samples/s
@@ -153,7 +153,7 @@ def plots(rows: list[dict], out: Path) -> list[Path]:
         if not rs:
             continue
         if s == "maze":
-            continue   # bench/maze/scenario.py draws its own throughput and loss plots
+            continue   # bench/scenarios/maze/scenario.py draws its own throughput and loss plots
         if s in ("checkpoint", "multinode"):
             continue   # seconds and MB/s rows share no axis: the table says it all
         path = Path(out) / f"{s}.png"

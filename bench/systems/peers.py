@@ -44,10 +44,10 @@ from pathlib import Path
 
 import xxhash
 
-from bench import trainfiles as tf
+from bench.scenarios import train_files as tf
+from bench.scenarios.workloads import READ_CHUNK, SAMPLE_THREADS, _order
 from bench.systems.base import (PEER_SYSTEMS, MountOptions, Mounted, System, SystemEnv,
-                           SystemUnavailable)
-from bench.workloads import READ_CHUNK, SAMPLE_THREADS, _order
+                                SystemUnavailable)
 
 # name -> (module to import, pip name, scenarios it runs in)
 PEERS = {

@@ -7,10 +7,10 @@ import io
 
 import pytest
 
-from bench import checkpoint as ck
-from bench import scenarios
+from bench.scenarios import checkpoint as ck
+from bench.scenarios import registry as scenarios
 from bench.report import results as report
-from bench.harness import Ctx
+from bench.scenarios.harness import Ctx
 from bench.systems.base import PEER_SYSTEMS, SystemEnv
 from conftest import delete_bucket, needs_fuse, new_bucket
 

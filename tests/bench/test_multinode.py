@@ -2,9 +2,9 @@
 no mounts)."""
 from __future__ import annotations
 
-from bench import multinode as mn
+from bench.scenarios.multinode import scenario as mn
 from bench.report import results as report
-from bench.scenarios import SCENARIOS, DEFAULT
+from bench.scenarios.registry import SCENARIOS, DEFAULT
 
 
 def _epoch(e, wan_x, mbps, **kw):

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import scenarios, trainfiles
+from bench.scenarios import registry as scenarios
+from bench.scenarios import train_files as trainfiles
 from bench.report import results as report
-from bench.datasets import Dataset, materialize
-from bench.harness import Ctx
+from bench.scenarios.datasets import Dataset, materialize
+from bench.scenarios.harness import Ctx
 from bench.systems import cpu, peers
 from bench.systems.base import (ALL_SYSTEMS, PEER_SYSTEMS, Mounted, MountOptions, SystemEnv,
-                           make_system)
+                                make_system)
 
 ROW_KEYS = {"scenario", "system", "phase", "value", "unit", "seconds", "bytes",
             "verify_errors", "link_bytes_down", "link_bytes_up", "link_connections",

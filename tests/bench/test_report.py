@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bench.report import results as report
-from bench.scenarios import SCENARIOS, register
+from bench.scenarios.registry import SCENARIOS, register
 
 
 def _rows():
@@ -58,7 +58,7 @@ def test_plots_draw_bars_and_train_windows(tmp_path):
 
 
 def test_hints_system_runs_only_where_hints_are_published():
-    from bench.scenarios import hints_note, systems_for
+    from bench.scenarios.registry import hints_note, systems_for
     from bench.systems.base import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
 
     for name in ("shards", "samples", "train-files"):

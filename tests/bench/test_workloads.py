@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import train, workloads
-from bench.datasets import Dataset, materialize
+from bench.scenarios import train, workloads
+from bench.scenarios.datasets import Dataset, materialize
 
 SHARDS = Dataset("shards", "shards", {"shards": 4, "samples_per_shard": 6,
                                       "sample_lo": 2000, "sample_hi": 5000})

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from bench.report import results as report
-from bench.maze import scenario
+from bench.scenarios.maze import scenario
 
 
 def _result(rate_first: float, rate: float, steps: int = 250) -> dict:

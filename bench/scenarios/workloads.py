@@ -109,7 +109,7 @@ def bigfile_read(root: Path, ds_name: str, manifest: dict) -> dict:
 
 
 # -- fio ------------------------------------------------------------------------------------------
-FIO_DIR = Path(__file__).parent / "fio"
+FIO_DIR = Path(__file__).parent / "fio_jobs"
 
 
 def fio_jobs() -> list[str]:
@@ -117,7 +117,7 @@ def fio_jobs() -> list[str]:
 
 
 def fio_run(root: Path, ds_name: str, manifest: dict, job: str, runtime_s: int) -> dict:
-    """Run bench/fio/JOB.fio against ``root/ds_name`` and parse its JSON output."""
+    """Run fio_jobs/JOB.fio against ``root/ds_name`` and parse its JSON output."""
     if not shutil.which("fio"):
         raise RuntimeError("fio not installed")
     sizes = {m["size"] for rel, m in manifest["files"].items() if rel.startswith(job + ".")}

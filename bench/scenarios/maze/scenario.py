@@ -2,9 +2,9 @@
 
     python -m bench run --scenario maze --systems local,neuralcache,rclone [--quick]
 
-1. Writes the maze training set (``bench.maze.prepare``, both layouts) under the run's
+1. Writes the maze training set (``bench.scenarios.maze.prepare``, both layouts) under the run's
    data dir and uploads the same bytes to the bucket under ``maze/``.
-2. Per system (fresh mount, empty cache): runs ``python -m bench.maze.train`` in its own
+2. Per system (fresh mount, empty cache): runs ``python -m bench.scenarios.maze.train`` in its own
    process on the ``files`` layout (one small file per maze: a round trip per sample over
    the WAN) with a seeded sampler, ``WORKERS`` DataLoader workers and 1 torch thread. The
    job writes its planned read order to ``.neuralcache/hints`` where that exists (on a
@@ -17,7 +17,7 @@
    fetched from the bucket for the comparisons); the other systems' checkpoints are
    uploaded from the job's local output.  Then per system mounts fresh again and times a
    new process loading the checkpoint that the first remote system trained and
-   generating its first token (``bench.maze.ttft``).
+   generating its first token (``bench.scenarios.maze.ttft``).
 4. Writes ``maze_throughput.png`` (samples/s per batch window, all systems) and
    ``maze_loss.png`` (loss curves overlaid) next to results.json.
 """
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench import datasets
+from bench.scenarios import datasets
 from bench.report import results as report
 from bench.seqread import cpu_seconds
 from bench.systems.base import MountOptions
@@ -111,7 +111,7 @@ def _train(ctx, root: Path, out: Path, cfg: dict, ckpt_dir: Path | None = None) 
     """One training job in a fresh process; returns its result.json.  The checkpoint goes
     to ``ckpt_dir`` (a writable mount) or OUT/checkpoint."""
     out.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "bench.maze.train", "--data-root", str(root),
+    cmd = [sys.executable, "-m", "bench.scenarios.maze.train", "--data-root", str(root),
            "--layout", "files", "--steps", str(cfg["steps"]),
            "--batch-size", str(cfg["batch_size"]), "--workers", str(WORKERS),
            "--threads", "1", "--preset", cfg["preset"], "--lr", str(cfg["lr"]),
@@ -128,7 +128,7 @@ def _train(ctx, root: Path, out: Path, cfg: dict, ckpt_dir: Path | None = None) 
 
 
 def _ttft(ckpt: Path, out: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "bench.maze.ttft", str(ckpt), "--threads", "1"],
+    r = subprocess.run([sys.executable, "-m", "bench.scenarios.maze.ttft", str(ckpt), "--threads", "1"],
                        capture_output=True, text=True, timeout=600)
     (out / "ttft.log").write_text(r.stderr)
     if r.returncode != 0:
@@ -321,7 +321,7 @@ def scenario(ctx) -> list[dict]:
         key_dir = f"{PREFIX}/checkpoints/{source}"
         local_ckpt = _dataset_dir(ctx) / "checkpoints" / source
         shutil.copytree(results[source]["checkpoint"], local_ckpt, dirs_exist_ok=True)
-        ctx.notes.append(f"maze ttft: a fresh `python -m bench.maze.ttft` process loads "
+        ctx.notes.append(f"maze ttft: a fresh `python -m bench.scenarios.maze.ttft` process loads "
                          f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
                          "a fresh mount with an empty cache; local: page cache dropped first")
 

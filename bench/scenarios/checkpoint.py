@@ -41,7 +41,7 @@ from pathlib import Path
 import xxhash
 
 from bench.systems.base import MountOptions, Mounted, drop_page_cache
-from bench.workloads import LINK_RANGE, link_fetch, read_hashed
+from bench.scenarios.workloads import LINK_RANGE, link_fetch, read_hashed
 
 SCENARIO = "checkpoint"
 PREFIX = "checkpoint"          # keys: checkpoint/SYSTEM/model.pt; local: DATA/checkpoint/...

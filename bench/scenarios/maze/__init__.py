@@ -1,11 +1,11 @@
 """The maze-solving LLaMA demo, at CPU scale: data, model, training, cold start.
 
-    from bench import maze
+    from bench.scenarios import maze
     manifest = maze.prepare("/data/maze", seed=0, quick=False)   # write the training set
     result = maze.train("/mnt/maze", layout="files", steps=..., out="/tmp/run")
 
 See README.md next to this file for the CLI and the measured trajectories. torch and
-transformers are imported only by `train` (and bench.maze.model / ttft), so `prepare`
+transformers are imported only by `train` (and bench.scenarios.maze.model / ttft), so `prepare`
 works without them.
 """
 from __future__ import annotations
@@ -45,7 +45,7 @@ def prepare(out_dir, seed: int = 0, quick: bool = False, *, layouts=("files", "s
 def train(data_root, *, quick: bool = False, **kwargs) -> dict:
     """Train from data_root; defaults come from the quick/full config, kwargs override.
 
-    kwargs are those of bench.maze.training.train (layout, steps, batch_size, workers, out,
+    kwargs are those of bench.scenarios.maze.training.train (layout, steps, batch_size, workers, out,
     seed, preset, lr, threads, window, eval_every, hints, log).
     """
     from . import training as _train

@@ -2,7 +2,7 @@
 per-system loop with its watchdog.
 
 The runner (bench/runner.py) starts SeaweedFS and the WAN proxy and builds one ``Ctx``;
-scenarios (bench/scenarios.py, bench/maze/scenario.py) get it and use only this module's
+scenarios (bench/scenarios/) get it and use only this module's
 pieces, so the imports run one way: runner -> scenarios -> maze.scenario -> harness.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from bench import datasets
-from bench.systems.cpu import CpuMeter
+from bench.scenarios import datasets
 from bench.systems.base import (MountOptions, Mounted, SystemEnv, abort_mount, drop_page_cache,
-                           make_system)
+                                make_system)
+from bench.systems.cpu import CpuMeter
 
 if TYPE_CHECKING:
     from bench.servers.seaweed import SeaweedServer
@@ -119,7 +119,7 @@ class Ctx:
                     link_value: Callable[[dict], tuple[float, str]] | None = None,
                     opts: MountOptions | None = None) -> list[dict]:
         """The usual scenario loop: the link ceiling, then each system mounted fresh."""
-        from bench.workloads import link_fetch
+        from bench.scenarios.workloads import link_fetch
 
         rows = []
         if "link" in self.systems:

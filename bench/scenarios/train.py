@@ -22,7 +22,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench.datasets import iter_tar_samples
+from bench.scenarios.datasets import iter_tar_samples
 
 TARGET_SAMPLES_PER_S = 116.0
 BATCH = 16

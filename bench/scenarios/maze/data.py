@@ -29,7 +29,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench.datasets import write_atomic
+from bench.scenarios.datasets import write_atomic
 
 from . import mazes
 

@@ -71,10 +71,10 @@ from typing import Callable
 import xxhash
 
 from bench.servers.cluster import SeaweedCluster
-from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
 from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount, make_system
-from .wan import WanProxyProcess
+from bench.systems.ncmount import mounted, stats
+from bench.wan import WanProxyProcess
 
 MB = 1 << 20
 # Reader threads per node (a DataLoader's workers).

@@ -36,7 +36,7 @@ from typing import Iterable
 
 import xxhash
 
-from bench.datasets import Dataset
+from bench.scenarios.datasets import Dataset
 
 TARGET_SAMPLES_PER_S = 1000.0
 BATCH = 32
@@ -234,7 +234,7 @@ def train_files(loader_epoch, manifest: dict, compute_s: float, window: int,
 def calibrate(data_dir: Path, seed: int = 0) -> dict:
     """The loader's own rate from local disk (no compute step), cold then warm, and the
     loop's per-batch overhead with the loader far ahead."""
-    from bench.datasets import materialize
+    from bench.scenarios.datasets import materialize
     from bench.systems.base import drop_page_cache
 
     quiet_torch_warnings()

@@ -1,6 +1,6 @@
 """Train the maze LLaMA from a data root (local disk or a mount) and report what happened.
 
-    python -m bench.maze.train --data-root DIR --layout files|shards --steps N \
+    python -m bench.scenarios.maze.train --data-root DIR --layout files|shards --steps N \
         --batch-size B --workers W --out OUTDIR [--seed S] [--preset small] [--eval-every K]
         [--checkpoint-dir DIR]
 
@@ -215,8 +215,8 @@ def summary(result: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.maze.train", description=__doc__.split("\n")[0])
-    p.add_argument("--data-root", required=True, help="directory written by bench.maze.prepare (or a mount of it)")
+    p = argparse.ArgumentParser(prog="python -m bench.scenarios.maze.train", description=__doc__.split("\n")[0])
+    p.add_argument("--data-root", required=True, help="directory written by bench.scenarios.maze.prepare (or a mount of it)")
     p.add_argument("--layout", choices=["files", "shards"], default="files")
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"])
     p.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     try:
         data.load_manifest(a.data_root)
     except (OSError, ValueError) as e:
-        print(f"bench.maze.train: cannot read manifest under {a.data_root}: {e}", file=sys.stderr)
+        print(f"bench.scenarios.maze.train: cannot read manifest under {a.data_root}: {e}", file=sys.stderr)
         return 1
     res = train(a.data_root, layout=a.layout, steps=a.steps, batch_size=a.batch_size,
                 workers=a.workers, out=a.out, seed=a.seed, preset=a.preset, lr=a.lr,

@@ -1,8 +1,8 @@
 """Cold start: load a maze checkpoint in a fresh process and time the first generated token.
 
-    python -m bench.maze.ttft CKPT_DIR [--maze 0] [--threads 1]
+    python -m bench.scenarios.maze.ttft CKPT_DIR [--maze 0] [--threads 1]
 
-CKPT_DIR holds config.json + model.safetensors (as written by bench.maze.train; the
+CKPT_DIR holds config.json + model.safetensors (as written by bench.scenarios.maze.train; the
 harness points it at a mount). Prints one JSON object:
 
     import_s   importing torch + transformers (not I/O on CKPT_DIR; reported apart)
@@ -63,13 +63,13 @@ def run(ckpt_dir: str, maze_index: int = 0, threads: int = 1) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.maze.ttft", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.scenarios.maze.ttft", description=__doc__.split("\n")[0])
     p.add_argument("ckpt_dir")
     p.add_argument("--maze", type=int, default=0, help="which of the 64 eval mazes to prompt with")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     if not os.path.isfile(os.path.join(a.ckpt_dir, "config.json")):
-        print(f"bench.maze.ttft: no config.json in {a.ckpt_dir}", file=sys.stderr)
+        print(f"bench.scenarios.maze.ttft: no config.json in {a.ckpt_dir}", file=sys.stderr)
         return 1
     print(json.dumps(run(a.ckpt_dir, a.maze, a.threads)))
     return 0

@@ -11,10 +11,10 @@ import importlib
 import time
 from typing import Callable
 
-from bench import checkpoint
-from bench import train as train_mod
-from bench import trainfiles as tf
-from bench import workloads as wl
+from bench.scenarios import checkpoint
+from bench.scenarios import train as train_mod
+from bench.scenarios import train_files as tf
+from bench.scenarios import workloads as wl
 from bench.systems import peers
 from bench.systems.base import PEER_SYSTEMS, S3FS_MIN_CACHE_MB, MountOptions
 
@@ -204,7 +204,7 @@ def overflow(ctx):
 
 
 def fio(ctx):
-    """fio jobs from bench/fio/*.fio (each job its own files, so each is cold); fio JSON."""
+    """fio jobs from scenarios/fio_jobs/*.fio (each job its own files, so each is cold); fio JSON."""
     man = ctx.dataset("fio")
     runtime = 3 if ctx.quick else 15
 
@@ -220,20 +220,20 @@ def fio(ctx):
 for _fn in (shards, samples, train, bigfile, overflow, fio):
     register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
 register("train-files", train_files, default=True, hints=True)
-register("checkpoint", checkpoint.scenario)    # bench/checkpoint.py; long: not in "all"
-register("multinode", importlib.import_module("bench.multinode").scenario)
+register("checkpoint", checkpoint.scenario)    # checkpoint.py; long: not in "all"
+register("multinode", importlib.import_module("bench.scenarios.multinode.scenario").scenario)
 
 
 def _maybe_register_maze() -> None:
-    """bench/maze/scenario.py exposing ``scenario(ctx)`` becomes the ``maze`` scenario.
+    """bench/scenarios/maze/scenario.py exposing ``scenario(ctx)`` becomes the ``maze`` scenario.
 
     A module that exists but fails to import still registers, as a scenario that
     raises the import error -- the run shows an error row instead of a missing scenario.
     """
     try:
-        mod = importlib.import_module("bench.maze.scenario")
+        mod = importlib.import_module("bench.scenarios.maze.scenario")
     except ModuleNotFoundError as exc:
-        if exc.name in ("bench.maze", "bench.maze.scenario"):
+        if exc.name in ("bench.scenarios.maze", "bench.scenarios.maze.scenario"):
             return
         err = exc
     except Exception as exc:  # a broken module must not break the other scenarios
@@ -245,7 +245,7 @@ def _maybe_register_maze() -> None:
         return
 
     def broken(ctx):
-        raise RuntimeError(f"bench.maze.scenario failed to import: {err!r}")
+        raise RuntimeError(f"bench.scenarios.maze.scenario failed to import: {err!r}")
     broken.__doc__ = "maze (import failed)"
     register("maze", broken)
 
