@@ -37,7 +37,7 @@ import xxhash
 
 from bench.scenarios import datasets
 from bench.report import results as report
-from bench.seqread import cpu_seconds
+from bench.tools.seqread import cpu_seconds
 from bench.systems.base import MountOptions
 
 from . import config, data, prepare

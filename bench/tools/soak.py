@@ -24,9 +24,9 @@ import threading
 import time
 from pathlib import Path
 
-from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
-from .wan import WanProxy
+from bench.systems.ncmount import mounted, stats
+from bench.wan import WanProxy
 
 MB = 1 << 20
 

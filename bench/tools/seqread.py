@@ -21,10 +21,10 @@ from pathlib import Path
 
 from neuralcache.admin.sizes import parse_size
 
-from bench.systems.ncmount import mounted, stats
 from bench.servers.seaweed import SeaweedServer
 from bench.systems.base import drop_page_cache
-from .wan import WanProxyProcess
+from bench.systems.ncmount import mounted, stats
+from bench.wan import WanProxyProcess
 
 CHUNK = 1 << 20
 

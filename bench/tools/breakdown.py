@@ -40,12 +40,13 @@ import xxhash
 
 from neuralcache.admin.sizes import parse_size
 
-from bench.systems.ncmount import mounted, stats
-from bench.servers.seaweed import SeaweedServer
-from .seqread import cpu_seconds, minor_faults
-from bench.systems.base import drop_page_cache
-from .wan import WanProxyProcess
 from bench.scenarios.workloads import read_hashed
+from bench.servers.seaweed import SeaweedServer
+from bench.systems.base import drop_page_cache
+from bench.systems.ncmount import mounted, stats
+from bench.wan import WanProxyProcess
+
+from .seqread import cpu_seconds, minor_faults
 
 GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.
