@@ -254,12 +254,15 @@ def calibrate(data_dir: Path, seed: int = 0) -> dict:
     return out
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.trainfiles calibrate [DATA_DIR]``."""
     import json
     import sys
 
-    if sys.argv[1:2] != ["calibrate"]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] != ["calibrate"]:
         print("usage: python -m bench.trainfiles calibrate [DATA_DIR]", file=sys.stderr)
-        sys.exit(2)
-    d = Path(sys.argv[2] if len(sys.argv) > 2 else "/tmp/bench-trainfiles-calibrate")
+        return 2
+    d = Path(argv[1] if len(argv) > 1 else "/tmp/bench-trainfiles-calibrate")
     print(json.dumps(calibrate(d), indent=1))
+    return 0
