@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         from bench.wan.ceiling import main as ceiling_main
         return ceiling_main(a)
     from bench.scenarios.registry import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
-    from bench.systems.base import ALL_SYSTEMS
+    from bench.systems.registry import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
         doc = (fn.__doc__ or "").strip().splitlines() or ["-"]

@@ -22,7 +22,9 @@ from bench.scenarios.harness import Ctx, log
 from bench.scenarios.registry import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
                              systems_for)
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.base import ALL_SYSTEMS, SystemEnv, code_revision
+from bench.systems.base import SystemEnv
+from bench.systems.mounts import code_revision
+from bench.systems.registry import ALL_SYSTEMS
 from bench.wan import WanProxyProcess, cpu_note
 
 BUCKET = "bench"

@@ -17,7 +17,7 @@ import pytest
 from bench.systems.ncmount import stats
 from bench.servers.seaweed import SeaweedServer
 from bench.tools.soak import random_reads
-from bench.systems.base import drop_page_cache
+from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxy
 from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)

@@ -40,7 +40,8 @@ from pathlib import Path
 
 import xxhash
 
-from bench.systems.base import MountOptions, Mounted, drop_page_cache
+from bench.systems.base import MountOptions, Mounted
+from bench.systems.pagecache import drop_page_cache
 from bench.scenarios.workloads import LINK_RANGE, link_fetch, read_hashed
 
 SCENARIO = "checkpoint"

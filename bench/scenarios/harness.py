@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from bench.scenarios import datasets
-from bench.systems.base import (MountOptions, Mounted, SystemEnv, abort_mount, drop_page_cache,
-                                make_system)
+from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
 from bench.systems.cpu import CpuMeter
+from bench.systems.pagecache import drop_page_cache
+from bench.systems.registry import make_system
 
 if TYPE_CHECKING:
     from bench.servers.seaweed import SeaweedServer

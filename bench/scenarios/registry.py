@@ -16,7 +16,9 @@ from bench.scenarios import train as train_mod
 from bench.scenarios import train_files as tf
 from bench.scenarios import workloads as wl
 from bench.systems import peers
-from bench.systems.base import PEER_SYSTEMS, S3FS_MIN_CACHE_MB, MountOptions
+from bench.systems.base import MountOptions
+from bench.systems.mounts import S3FS_MIN_CACHE_MB
+from bench.systems.registry import PEER_SYSTEMS
 
 SCENARIOS: dict[str, Callable] = {}
 # What "--scenario all" runs: the built-in scenarios (their sizes fit the --quick and

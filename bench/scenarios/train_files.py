@@ -235,7 +235,7 @@ def calibrate(data_dir: Path, seed: int = 0) -> dict:
     """The loader's own rate from local disk (no compute step), cold then warm, and the
     loop's per-batch overhead with the loader far ahead."""
     from bench.scenarios.datasets import materialize
-    from bench.systems.base import drop_page_cache
+    from bench.systems.pagecache import drop_page_cache
 
     quiet_torch_warnings()
     man = materialize(dataset(False), data_dir, seed)

@@ -46,8 +46,7 @@ import xxhash
 
 from bench.scenarios import train_files as tf
 from bench.scenarios.workloads import READ_CHUNK, SAMPLE_THREADS, _order
-from bench.systems.base import (PEER_SYSTEMS, MountOptions, Mounted, System, SystemEnv,
-                                SystemUnavailable)
+from bench.systems.base import MountOptions, Mounted, System, SystemEnv, SystemUnavailable
 
 # name -> (module to import, pip name, scenarios it runs in)
 PEERS = {
@@ -526,12 +525,6 @@ def _version(peer: str) -> str | None:
     with contextlib.suppress(Exception):
         return md.version(PEERS[peer][1])
     return None
-
-
-def make_peer(name: str, env: SystemEnv) -> ClientSystem:
-    if name not in PEER_SYSTEMS:
-        raise KeyError(name)
-    return ClientSystem(env, name)
 
 
 if __name__ == "__main__":

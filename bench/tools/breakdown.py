@@ -42,8 +42,8 @@ from neuralcache.admin.sizes import parse_size
 
 from bench.scenarios.workloads import read_hashed
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.base import drop_page_cache
 from bench.systems.ncmount import mounted, stats
+from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxyProcess
 
 from .seqread import cpu_seconds, minor_faults

@@ -22,8 +22,8 @@ from pathlib import Path
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.base import drop_page_cache
 from bench.systems.ncmount import mounted, stats
+from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxyProcess
 
 CHUNK = 1 << 20

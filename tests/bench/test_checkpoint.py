@@ -11,7 +11,8 @@ from bench.scenarios import checkpoint as ck
 from bench.scenarios import registry as scenarios
 from bench.report import results as report
 from bench.scenarios.harness import Ctx
-from bench.systems.base import PEER_SYSTEMS, SystemEnv
+from bench.systems.base import SystemEnv
+from bench.systems.registry import PEER_SYSTEMS
 from conftest import delete_bucket, needs_fuse, new_bucket
 
 

@@ -13,8 +13,8 @@ from bench.report import results as report
 from bench.scenarios.datasets import Dataset, materialize
 from bench.scenarios.harness import Ctx
 from bench.systems import cpu, peers
-from bench.systems.base import (ALL_SYSTEMS, PEER_SYSTEMS, Mounted, MountOptions, SystemEnv,
-                                make_system)
+from bench.systems.base import Mounted, MountOptions, SystemEnv
+from bench.systems.registry import ALL_SYSTEMS, PEER_SYSTEMS, make_system
 
 ROW_KEYS = {"scenario", "system", "phase", "value", "unit", "seconds", "bytes",
             "verify_errors", "link_bytes_down", "link_bytes_up", "link_connections",

@@ -59,7 +59,7 @@ def test_plots_draw_bars_and_train_windows(tmp_path):
 
 def test_hints_system_runs_only_where_hints_are_published():
     from bench.scenarios.registry import hints_note, systems_for
-    from bench.systems.base import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
+    from bench.systems.registry import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
 
     for name in ("shards", "samples", "train-files"):
         assert systems_for(name, ALL_SYSTEMS) == ALL_SYSTEMS

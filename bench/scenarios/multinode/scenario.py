@@ -72,8 +72,9 @@ import xxhash
 
 from bench.servers.cluster import SeaweedCluster
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount, make_system
+from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount
 from bench.systems.ncmount import mounted, stats
+from bench.systems.registry import make_system
 from bench.wan import WanProxyProcess
 
 MB = 1 << 20
