@@ -24,7 +24,7 @@ A digest that does not match is an error row.
 
 The ``link`` rows: ``durable`` = a boto3 multipart upload of the same bytes through the
 WAN proxy (8 MiB parts, 32 in flight, connections opened before the clock): the upload
-ceiling; ``reload`` = the ranged-GET download of that object (``workloads.link_fetch``).
+ceiling; ``reload`` = the ranged-GET download of that object (``link_fetch``).
 Each system's ratios (close / local's close, durable / link upload, reload MB/s / link
 download MB/s) are fields of its rows and one note per system.
 """
@@ -41,8 +41,9 @@ from pathlib import Path
 import xxhash
 
 from bench.systems.base import MountOptions, Mounted
+from bench.systems.link import LINK_RANGE, link_fetch
 from bench.systems.pagecache import drop_page_cache
-from bench.scenarios.workloads import LINK_RANGE, link_fetch, read_hashed
+from bench.systems.reads import read_hashed
 
 SCENARIO = "checkpoint"
 PREFIX = "checkpoint"          # keys: checkpoint/SYSTEM/model.pt; local: DATA/checkpoint/...

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from bench.scenarios import datasets
 from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
 from bench.systems.cpu import CpuMeter
+from bench.systems.link import link_fetch
 from bench.systems.pagecache import drop_page_cache
 from bench.systems.registry import make_system
 
@@ -120,8 +121,6 @@ class Ctx:
                     link_value: Callable[[dict], tuple[float, str]] | None = None,
                     opts: MountOptions | None = None) -> list[dict]:
         """The usual scenario loop: the link ceiling, then each system mounted fresh."""
-        from bench.scenarios.workloads import link_fetch
-
         rows = []
         if "link" in self.systems:
             self.log(f"{scenario}: link")

@@ -15,7 +15,7 @@ from bench.scenarios import checkpoint
 from bench.scenarios import train as train_mod
 from bench.scenarios import train_files as tf
 from bench.scenarios import workloads as wl
-from bench.systems import peers
+from bench.systems import loader, peers
 from bench.systems.base import MountOptions
 from bench.systems.mounts import S3FS_MIN_CACHE_MB
 from bench.systems.registry import PEER_SYSTEMS
@@ -153,9 +153,9 @@ def train_files(ctx):
     man = ctx.add_dataset(tf.dataset(ctx.quick))
     nsamples = len(man["files"])
     window = 5 if ctx.quick else tf.WINDOW
-    tf.quiet_torch_warnings()
+    loader.quiet_torch_warnings()
     ctx.notes.append(
-        f"train-files: {nsamples} files, batch {tf.BATCH}, {tf.WORKERS} DataLoader workers "
+        f"train-files: {nsamples} files, batch {loader.BATCH}, {loader.WORKERS} DataLoader workers "
         f"(tuned peers: see bench/README.md), compute {tf.COMPUTE_S * 1000:.0f} ms per batch "
         f"(~{tf.TARGET_SAMPLES_PER_S:.0f} samples/s from local disk), windows of {window} "
         "batches; epoch 2 reshuffled; cpu s = every process involved (workers, daemon)")
@@ -172,7 +172,7 @@ def train_files(ctx):
                 ld["x"] = (m.client.loader("train-files", man, 1) if m.kind == "client"
                            else tf.mount_loader(m.root, "train-files", man, 1,
                                                 hints=m.info.get("hints", False)))
-            r = tf.train_files(ld["x"].epoch, man, tf.COMPUTE_S, window, e, t0=t0)
+            r = loader.train_files(ld["x"].epoch, man, tf.COMPUTE_S, window, e, t0=t0)
             r["workers"] = ld["x"].workers
             return r
         return [_client_row(m, ctx.measure(m, f"epoch{e}", lambda: epoch(e)))

@@ -3,69 +3,33 @@
 Every function takes the data root of one system (``root/<dataset>/...`` mirrors the
 bucket keys) and the dataset's manifest, and returns a dict with at least ``seconds``,
 ``bytes`` and ``verify_errors`` (files whose xxh3-64 did not match the generated source).
-``link_fetch`` is the odd one out: it reads the same objects straight through the WAN
-proxy with boto3 ranged GETs at ideal concurrency -- the emulator's ceiling.
+The reading and checking they share: bench/systems/reads.py; the link row's:
+bench/systems/link.py.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
 import json
 import os
-import random
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import xxhash
 
-READ_CHUNK = 1 << 20     # sequential readers read 1 MiB at a time
-SAMPLE_THREADS = 8       # "8 parallel readers" of the file-per-sample workload
-LINK_CONCURRENCY = 64    # link ceiling: GETs in flight (best of 16/32/64 measured here)
-LINK_RANGE = 8 << 20     # link ceiling: ranged GET size for big objects
-
-
-def read_hashed(path: Path, chunk: int = READ_CHUNK) -> tuple[int, str]:
-    """Read ``path`` to the end in ``chunk`` reads; (bytes read, xxh3_64 hex digest)."""
-    h = xxhash.xxh3_64()
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while b := f.read(chunk):
-            h.update(b)
-            n += len(b)
-    return n, h.hexdigest()
-
-
-def read_verify(path: Path, expect: str | None, chunk: int = READ_CHUNK) -> tuple[int, bool]:
-    """Read ``path`` to the end; (bytes read, xxh3 matched or nothing to check)."""
-    n, got = read_hashed(path, chunk)
-    return n, (expect is None or got == expect)
-
-
-def _order(files: list[str], seed: int) -> list[str]:
-    out = sorted(files)
-    random.Random(seed).shuffle(out)
-    return out
+from bench.systems.reads import SAMPLE_THREADS, publish_hints, read_verify, shuffled
 
 
 # -- shards: shuffled shard order, each shard sequential -------------------------------------
-def _publish(root: Path, ds_name: str, order: list[str]) -> None:
-    """What a sampler wrapper does (neuralcache.torch.HintingSampler): hand the epoch's
-    order to the mount before reading it.  Timed as part of the epoch."""
-    from neuralcache.hints import publish_order
-
-    publish_order(str(root), [f"{ds_name}/{rel}" for rel in order])
-
-
 def shards_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
                  hints: bool = False) -> dict:
     files = manifest["files"]
     t0 = time.monotonic()
     nbytes = bad = 0
-    order = _order(list(files), seed)
+    order = shuffled(list(files), seed)
     if hints:
-        _publish(root, ds_name, order)
+        publish_hints(root, ds_name, order)
     for rel in order:
         n, ok = read_verify(root / ds_name / rel, files[rel]["xxh3"])
         nbytes += n
@@ -79,7 +43,7 @@ def shards_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
 def samples_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
                   threads: int = SAMPLE_THREADS, hints: bool = False) -> dict:
     files = manifest["files"]
-    order = _order(list(files), seed)
+    order = shuffled(list(files), seed)
 
     def one(rel):
         with open(root / ds_name / rel, "rb", buffering=0) as f:
@@ -88,7 +52,7 @@ def samples_epoch(root: Path, ds_name: str, manifest: dict, seed: int,
 
     t0 = time.monotonic()
     if hints:
-        _publish(root, ds_name, order)
+        publish_hints(root, ds_name, order)
     with cf.ThreadPoolExecutor(threads) as ex:
         res = list(ex.map(one, order))
     dt = time.monotonic() - t0
@@ -140,38 +104,3 @@ def fio_run(root: Path, ds_name: str, manifest: dict, job: str, runtime_s: int) 
             "fio_runtime_s": rd["runtime"] / 1000,
             "clat_p50_ms": clat.get("50.000000", 0) / 1e6,
             "clat_p99_ms": clat.get("99.000000", 0) / 1e6}
-
-
-# -- link ceiling ---------------------------------------------------------------------------------
-def link_fetch(s3, bucket: str, ds_name: str, manifest: dict,
-               concurrency: int = LINK_CONCURRENCY, rng: int = LINK_RANGE) -> dict:
-    """Fetch every object of the dataset through the proxy (ranged GETs, ``concurrency``
-    in flight); the emulator's ceiling for this scenario's object sizes."""
-    files = manifest["files"]
-    tasks = []
-    for rel, m in files.items():
-        for off in range(0, max(m["size"], 1), rng):
-            tasks.append((rel, off, min(off + rng, m["size"]) - 1))
-    parts: dict[str, dict[int, bytes]] = {}
-    lock = threading.Lock()
-
-    def get(t):
-        rel, a, b = t
-        body = s3.get_object(Bucket=bucket, Key=f"{ds_name}/{rel}",
-                             Range=f"bytes={a}-{b}")["Body"].read()
-        with lock:
-            parts.setdefault(rel, {})[a] = body
-        return len(body)
-
-    with cf.ThreadPoolExecutor(concurrency) as ex:
-        # Ideal conditions: the connection pool is open before the clock starts.
-        list(ex.map(lambda _: s3.head_bucket(Bucket=bucket), range(concurrency)))
-        t0 = time.monotonic()
-        nbytes = sum(ex.map(get, tasks))
-    dt = time.monotonic() - t0
-    bad = 0
-    for rel, m in files.items():
-        data = b"".join(parts.get(rel, {})[k] for k in sorted(parts.get(rel, {})))
-        bad += xxhash.xxh3_64_hexdigest(data) != m["xxh3"]
-    return {"seconds": dt, "bytes": nbytes, "files": len(files), "requests": len(tasks),
-            "verify_errors": bad, "mbps": nbytes / dt / 1e6, "files_per_s": len(files) / dt}

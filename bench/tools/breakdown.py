@@ -40,10 +40,10 @@ import xxhash
 
 from neuralcache.admin.sizes import parse_size
 
-from bench.scenarios.workloads import read_hashed
 from bench.servers.seaweed import SeaweedServer
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache
+from bench.systems.reads import read_hashed
 from bench.wan import WanProxyProcess
 
 from .seqread import cpu_seconds, minor_faults
