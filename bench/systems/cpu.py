@@ -48,6 +48,19 @@ def proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's own CPU seconds so far (utime + stime; not its reaped children)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def minor_faults(pid: int) -> int:
+    """The process's minor page faults so far (each first touch of a fresh page)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[7])
+
+
 def descendants(table: dict[int, tuple[int, float]], roots: Iterable[int],
                 stop: set[int] = frozenset()) -> set[int]:
     """``roots`` and everything below them, not entering the subtrees of ``stop``."""

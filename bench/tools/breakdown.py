@@ -41,12 +41,11 @@ import xxhash
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
+from bench.systems.cpu import cpu_seconds, minor_faults
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache
 from bench.systems.reads import read_hashed
 from bench.wan import WanProxyProcess
-
-from .seqread import cpu_seconds, minor_faults
 
 GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.

@@ -22,6 +22,7 @@ from pathlib import Path
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
+from bench.systems.cpu import cpu_seconds
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxyProcess
@@ -36,18 +37,6 @@ def read_all(path: Path) -> tuple[float, int]:
         while b := f.read(CHUNK):
             n += len(b)
     return time.perf_counter() - t0, n
-
-
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def minor_faults(pid: int) -> int:
-    """The process's minor page faults so far (each first touch of a fresh page)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
 
 
 def daemon_read(pid: int, path: Path) -> tuple[float, float, float]:

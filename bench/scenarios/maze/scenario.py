@@ -37,8 +37,8 @@ import xxhash
 
 from bench.scenarios import datasets
 from bench.report import results as report
-from bench.tools.seqread import cpu_seconds
 from bench.systems.base import MountOptions
+from bench.systems.cpu import cpu_seconds
 
 from . import config, data, prepare
 
