@@ -3,10 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.scenarios.train import within
-
-
 WINDOWED = ("train", "train-files", "maze")   # rows with per-window samples/s
+
+
+def within(windows: list[dict], target: float, frac: float = 0.05) -> int | None:
+    """First batch index whose window rate is within ``frac`` of ``target`` (None: never)."""
+    for w in windows:
+        if w["samples_per_s"] >= (1 - frac) * target:
+            return w["batch"]
+    return None
 
 
 def annotate(rows: list[dict]) -> list[dict]:

@@ -169,6 +169,12 @@ class Ctx:
         return {**base, "phase": phase, "error": msg[:300]}
 
 
+def client_row(m, row: dict) -> dict:
+    """A client system's row carries what its converted copy cost (not counted)."""
+    conv = m.client.conversion() if m.kind == "client" else None
+    return {**row, "conversion": conv} if conv else row
+
+
 def plain_info(info: dict) -> dict:
     return {k: v for k, v in info.items() if k != "cmd"} | {"cmd": " ".join(map(str, info.get("cmd", [])))}
 

@@ -2,22 +2,18 @@
 
 A row is a dict with at least ``scenario``, ``system``, ``phase`` and either ``value`` +
 ``unit`` (+ ``seconds``, ``bytes``) or ``error``; ``Ctx.run_systems`` and ``Ctx.measure``
-fill in the rest (link bytes, hit rate, prefetch precision).  To add a scenario, write
-``def my_scenario(ctx): ...`` and ``register("name", my_scenario)`` -- see README.md.
+fill in the rest (link bytes, hit rate, prefetch precision).  Each scenario is a module
+of this package with ``scenario(ctx)`` (multinode and maze: a package with scenario.py);
+to add one, write it and ``register("name", module.scenario)`` below -- see README.md.
 """
 from __future__ import annotations
 
-import importlib
-import time
 from typing import Callable
 
-from bench.scenarios import checkpoint
-from bench.scenarios import train as train_mod
-from bench.scenarios import train_files as tf
-from bench.scenarios import workloads as wl
-from bench.systems import loader, peers
-from bench.systems.base import MountOptions
-from bench.systems.mounts import S3FS_MIN_CACHE_MB
+from bench.scenarios import (bigfile, checkpoint, fio, overflow, samples, shards, train,
+                             train_files)
+from bench.scenarios.multinode import scenario as multinode
+from bench.systems import peers
 from bench.systems.registry import PEER_SYSTEMS
 
 SCENARIOS: dict[str, Callable] = {}
@@ -76,12 +72,6 @@ def peers_note(names: list[str], systems: list[str]) -> str | None:
             + "; ".join(skipped))
 
 
-def _client_row(m, row: dict) -> dict:
-    """A client system's row carries what its converted copy cost (not counted)."""
-    conv = m.client.conversion() if m.kind == "client" else None
-    return {**row, "conversion": conv} if conv else row
-
-
 def hints_note(names: list[str], systems: list[str]) -> str | None:
     """The one note for a run whose user named neuralcache-hints: where it was skipped."""
     skipped = [n for n in names if HINTS_SYSTEM in systems and n not in HINTED]
@@ -91,139 +81,16 @@ def hints_note(names: list[str], systems: list[str]) -> str | None:
             "publish hints; elsewhere it would equal neuralcache")
 
 
-def shards(ctx):
-    """WebDataset shards: shuffled shard order, each shard sequential; cold then warm."""
-    man = ctx.dataset("shards")
-
-    def body(ctx, m):
-        if m.kind == "client":
-            return [ctx.measure(m, ph, lambda: m.client.shards_epoch("shards", man, seed))
-                    for ph, seed in (("cold", 1), ("warm", 2))]
-        h = m.info.get("hints", False)
-        return [ctx.measure(m, "cold", lambda: wl.shards_epoch(m.root, "shards", man, 1, hints=h)),
-                ctx.measure(m, "warm", lambda: wl.shards_epoch(m.root, "shards", man, 2, hints=h))]
-    return ctx.run_systems("shards", "shards", man, body)
-
-
-def samples(ctx):
-    """File per sample (ImageNet-like), random order, 8 parallel readers; cold then warm."""
-    man = ctx.dataset("samples")
-
-    def body(ctx, m):
-        if m.kind == "client":
-            m.client.prepare("samples", man)
-            return [_client_row(m, ctx.measure(m, ph, lambda: m.client.samples_epoch(
-                "samples", man, 1, epoch))) for ph, epoch in (("cold", 1), ("warm", 2))]
-        h = m.info.get("hints", False)
-        return [ctx.measure(m, "cold", lambda: wl.samples_epoch(m.root, "samples", man, 1,
-                                                               hints=h)),
-                ctx.measure(m, "warm", lambda: wl.samples_epoch(m.root, "samples", man, 2,
-                                                               hints=h))]
-    return ctx.run_systems("samples", "samples", man, body,
-                           link_value=lambda r: (r["files_per_s"], "files/s"))
-
-
-def bigfile(ctx):
-    """One large file read sequentially, cold (the model-weights cold start)."""
-    man = ctx.dataset("bigfile")
-
-    def body(ctx, m):
-        if m.kind == "client":
-            return [ctx.measure(m, "cold", lambda: m.client.bigfile_read("bigfile", man))]
-        return [ctx.measure(m, "cold", lambda: wl.bigfile_read(m.root, "bigfile", man))]
-    return ctx.run_systems("bigfile", "bigfile", man, body)
-
-
-def train(ctx):
-    """Training loop at a fixed compute rate (~116 samples/s from local disk), cold."""
-    man = ctx.dataset("train")
-    p = man["signature"]["params"]
-    nsamples = p["shards"] * p["samples_per_shard"]
-    window = 4 if ctx.quick else 8
-
-    def body(ctx, m):
-        return [ctx.measure(m, "cold", lambda: train_mod.train_run(
-            m.root, "train", man, seed=1, window=window))]
-    return ctx.run_systems("train", "train", man, body,
-                           link_value=lambda r: (nsamples / r["seconds"], "samples/s"))
-
-
-def train_files(ctx):
-    """ImageNet-like files, 8 DataLoader workers, ~1,000 samples/s from local, 2 epochs."""
-    man = ctx.add_dataset(tf.dataset(ctx.quick))
-    nsamples = len(man["files"])
-    window = 5 if ctx.quick else tf.WINDOW
-    loader.quiet_torch_warnings()
-    ctx.notes.append(
-        f"train-files: {nsamples} files, batch {loader.BATCH}, {loader.WORKERS} DataLoader workers "
-        f"(tuned peers: see bench/README.md), compute {tf.COMPUTE_S * 1000:.0f} ms per batch "
-        f"(~{tf.TARGET_SAMPLES_PER_S:.0f} samples/s from local disk), windows of {window} "
-        "batches; epoch 2 reshuffled; cpu s = every process involved (workers, daemon)")
-
-    def body(ctx, m):
-        ld = {}
-        if m.kind == "client":
-            m.client.prepare("train-files", man)
-        tf.warm_loader_machinery()
-
-        def epoch(e):
-            t0 = time.monotonic()          # epoch 1 includes building the loader
-            if "x" not in ld:
-                ld["x"] = (m.client.loader("train-files", man, 1) if m.kind == "client"
-                           else tf.mount_loader(m.root, "train-files", man, 1,
-                                                hints=m.info.get("hints", False)))
-            r = loader.train_files(ld["x"].epoch, man, tf.COMPUTE_S, window, e, t0=t0)
-            r["workers"] = ld["x"].workers
-            return r
-        return [_client_row(m, ctx.measure(m, f"epoch{e}", lambda: epoch(e)))
-                for e in range(1, tf.EPOCHS + 1)]
-    return ctx.run_systems("train-files", "train-files", man, body,
-                           link_value=lambda r: (nsamples / r["seconds"], "samples/s"))
-
-
-def overflow(ctx):
-    """Three shuffled epochs over a dataset twice the cache size (cache set per system)."""
-    cache_mb = 16 if ctx.quick else 256
-    man = ctx.dataset("overflow", cache_mb=cache_mb)
-    opts = MountOptions(cache_mb=cache_mb, memory_cache_mb=max(cache_mb // 4, 8))
-    ctx.notes.append(f"overflow: cache {cache_mb} MiB (neuralcache disk {cache_mb} MiB + "
-                     f"memory {opts.memory_cache_mb} MiB; rclone --vfs-cache-max-size "
-                     f"{cache_mb}M; s3fs: cache dir on a tmpfs of max(cache, {S3FS_MIN_CACHE_MB} MiB) "
-                     "+ 8 MiB with ensure_diskfree=8), dataset "
-                     f"{sum(m['size'] for m in man['files'].values()) / 2**20:.0f} MiB; "
-                     "kernel page cache dropped before every epoch")
-
-    def body(ctx, m):
-        rows = []
-        for epoch in (1, 2, 3):
-            method = ctx.drop_caches(m, "overflow", level=1)
-            r = ctx.measure(m, f"epoch{epoch}",
-                            lambda: wl.shards_epoch(m.root, "overflow", man, 10 + epoch))
-            r["page_cache_drop"] = method
-            rows.append(r)
-        return rows
-    return ctx.run_systems("overflow", "overflow", man, body, opts=opts)
-
-
-def fio(ctx):
-    """fio jobs from scenarios/fio_jobs/*.fio (each job its own files, so each is cold); fio JSON."""
-    man = ctx.dataset("fio")
-    runtime = 3 if ctx.quick else 15
-
-    def body(ctx, m):
-        rows = []
-        for job in wl.fio_jobs():
-            ctx.drop_caches(m, "fio", level=1)
-            rows.append(ctx.measure(m, job, lambda: wl.fio_run(m.root, "fio", man, job, runtime)))
-        return rows
-    return ctx.run_systems("fio", "fio", man, body)
-
-
-for _fn in (shards, samples, train, bigfile, overflow, fio):
-    register(_fn.__name__, _fn, default=True, hints=_fn in (shards, samples))
-register("train-files", train_files, default=True, hints=True)
-register("checkpoint", checkpoint.scenario)    # checkpoint.py; long: not in "all"
-register("multinode", importlib.import_module("bench.scenarios.multinode.scenario").scenario)
+# The built-in scenarios, one module each (in this order in "all" and in `list`).
+register("shards", shards.scenario, default=True, hints=True)
+register("samples", samples.scenario, default=True, hints=True)
+register("train", train.scenario, default=True)
+register("bigfile", bigfile.scenario, default=True)
+register("overflow", overflow.scenario, default=True)
+register("fio", fio.scenario, default=True)
+register("train-files", train_files.scenario, default=True, hints=True)
+register("checkpoint", checkpoint.scenario)    # long: not in "all"
+register("multinode", multinode.scenario)
 
 
 def _maybe_register_maze() -> None:
@@ -233,7 +100,7 @@ def _maybe_register_maze() -> None:
     raises the import error -- the run shows an error row instead of a missing scenario.
     """
     try:
-        mod = importlib.import_module("bench.scenarios.maze.scenario")
+        import bench.scenarios.maze.scenario as mod
     except ModuleNotFoundError as exc:
         if exc.name in ("bench.scenarios.maze", "bench.scenarios.maze.scenario"):
             return

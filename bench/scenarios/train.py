@@ -185,9 +185,15 @@ def train_run(root: Path, ds_name: str, manifest: dict, seed: int, window: int,
             "batch_size": BATCH, "workers": WORKERS}
 
 
-def within(windows: list[dict], target: float, frac: float = 0.05) -> int | None:
-    """First batch index whose window rate is within ``frac`` of ``target`` (None: never)."""
-    for w in windows:
-        if w["samples_per_s"] >= (1 - frac) * target:
-            return w["batch"]
-    return None
+def scenario(ctx):
+    """Training loop at a fixed compute rate (~116 samples/s from local disk), cold."""
+    man = ctx.dataset("train")
+    p = man["signature"]["params"]
+    nsamples = p["shards"] * p["samples_per_shard"]
+    window = 4 if ctx.quick else 8
+
+    def body(ctx, m):
+        return [ctx.measure(m, "cold", lambda: train_run(
+            m.root, "train", man, seed=1, window=window))]
+    return ctx.run_systems("train", "train", man, body,
+                           link_value=lambda r: (nsamples / r["seconds"], "samples/s"))

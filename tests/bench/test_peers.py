@@ -131,7 +131,7 @@ def test_train_files_on_local_rows(tmp_path, monkeypatch):
     def fake_local(system, opts=None):
         yield Mounted("local", ctx.data_dir, remote=False)
     monkeypatch.setattr(ctx, "mount", fake_local)
-    rows = scenarios.train_files(ctx)
+    rows = trainfiles.scenario(ctx)
     assert [r["phase"] for r in rows] == ["epoch1", "epoch2"]
     for r in rows:
         assert ROW_KEYS <= set(r) and "error" not in r
