@@ -1,8 +1,8 @@
-"""bench/multinode.py's table, targets and runner rows from a made-up result (no servers,
+"""bench/scenarios/multinode/table.py: its table, targets and runner rows from a made-up result (no servers,
 no mounts)."""
 from __future__ import annotations
 
-from bench.scenarios.multinode import scenario as mn
+from bench.scenarios.multinode import table as mn
 from bench.report import results as report
 from bench.scenarios.registry import SCENARIOS, DEFAULT
 
