@@ -23,6 +23,7 @@ from pathlib import Path
 import xxhash
 
 from bench.scenarios.datasets import iter_tar_samples
+from bench.systems.loader import waited, windows
 
 TARGET_SAMPLES_PER_S = 116.0
 BATCH = 16
@@ -150,14 +151,8 @@ def train_run(root: Path, ds_name: str, manifest: dict, seed: int, window: int,
     counts = []          # samples per batch
     wait = 0.0
     nbytes = samples = bad = 0
-    it = iter(loader)
-    while True:
-        tw = time.monotonic()
-        try:
-            batch = next(it)
-        except StopIteration:
-            break
-        wait += time.monotonic() - tw
+    for batch, waited_s in waited(loader):
+        wait += waited_s
         n = 0
         for item in batch:
             if item[0] == "s":
@@ -172,15 +167,9 @@ def train_run(root: Path, ds_name: str, manifest: dict, seed: int, window: int,
         counts.append(n)
         stamps.append(time.monotonic() - t0)
     dt = time.monotonic() - t0
-    windows = []
-    for i in range(0, len(stamps), window):
-        j = min(i + window, len(stamps)) - 1
-        start = stamps[i - 1] if i else 0.0
-        windows.append({"batch": j + 1, "t": stamps[j],
-                        "samples_per_s": sum(counts[i:j + 1]) / max(stamps[j] - start, 1e-9)})
     return {"seconds": dt, "bytes": nbytes, "samples": samples, "batches": len(stamps),
             "verify_errors": bad, "value": samples / dt, "unit": "samples/s",
-            "stall_fraction": wait / dt, "windows": windows, "loader":
+            "stall_fraction": wait / dt, "windows": windows(stamps, counts, window), "loader":
             "torch.DataLoader" if use_torch else "stand-in", "compute_s_per_batch": compute_s,
             "batch_size": BATCH, "workers": WORKERS}
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import xxhash
 
@@ -86,6 +86,33 @@ def quiet_torch_warnings() -> None:
     warnings.filterwarnings("ignore", message=".*worker processes in total.*")
 
 
+def waited(batches: Iterable) -> Iterator[tuple[object, float]]:
+    """Each batch of ``batches`` with the seconds the loop waited for it (``next()``)."""
+    it = iter(batches)
+    while True:
+        tw = time.monotonic()
+        try:
+            b = next(it)
+        except StopIteration:
+            return
+        yield b, time.monotonic() - tw
+
+
+def windows(stamps: list[float], counts: list[int], window: int,
+            ndigits: int | None = None) -> list[dict]:
+    """samples/s per window of ``window`` batches, from each batch's end time (``stamps``,
+    s since the start) and size (``counts``): ``{"batch": last batch, "t": its end time
+    (rounded to ``ndigits`` if given), "samples_per_s"}``."""
+    out = []
+    for i in range(0, len(stamps), window):
+        j = min(i + window, len(stamps)) - 1
+        start = stamps[i - 1] if i else 0.0
+        t = stamps[j] if ndigits is None else round(stamps[j], ndigits)
+        out.append({"batch": j + 1, "t": t,
+                    "samples_per_s": sum(counts[i:j + 1]) / max(stamps[j] - start, 1e-9)})
+    return out
+
+
 def run_epoch(batches: Iterable, compute_s: float, window: int, batch: int = BATCH,
               t0: float | None = None) -> dict:
     """Consume one epoch: take a batch, "compute" ``compute_s * n / batch`` (a sleep).
@@ -99,14 +126,8 @@ def run_epoch(batches: Iterable, compute_s: float, window: int, batch: int = BAT
     wait = 0.0
     nbytes = samples = bad = 0
     seen: set[str] = set()
-    it = iter(batches)
-    while True:
-        tw = time.monotonic()
-        try:
-            b = next(it)
-        except StopIteration:
-            break
-        wait += time.monotonic() - tw
+    for b, waited_s in waited(batches):
+        wait += waited_s
         for rel, _label, n, ok in b:
             nbytes += n
             bad += not ok
@@ -116,16 +137,11 @@ def run_epoch(batches: Iterable, compute_s: float, window: int, batch: int = BAT
         counts.append(len(b))
         stamps.append(time.monotonic() - t0)
     dt = time.monotonic() - t0
-    windows = []
-    for i in range(0, len(stamps), window):
-        j = min(i + window, len(stamps)) - 1
-        start = stamps[i - 1] if i else 0.0
-        windows.append({"batch": j + 1, "t": round(stamps[j], 3),
-                        "samples_per_s": sum(counts[i:j + 1]) / max(stamps[j] - start, 1e-9)})
     return {"seconds": dt, "bytes": nbytes, "samples": samples, "distinct": len(seen),
             "batches": len(stamps), "verify_errors": bad, "value": samples / dt,
             "unit": "samples/s", "mbps": nbytes / dt / 1e6, "stall_fraction": wait / dt,
-            "windows": windows, "compute_s_per_batch": compute_s, "batch_size": batch}
+            "windows": windows(stamps, counts, window, ndigits=3),
+            "compute_s_per_batch": compute_s, "batch_size": batch}
 
 
 def check_epoch(res: dict, manifest: dict) -> dict:
