@@ -199,6 +199,14 @@ class System:
     def mount(self, opts: MountOptions | None = None) -> Iterator[Mounted]:
         raise NotImplementedError
 
+    def _prepare(self, opts: MountOptions | None) -> tuple[MountOptions, Path, Path, Path]:
+        """Before a mount: ``check()``; then ``opts`` (default ``MountOptions()``), this
+        system's work dir, and a fresh (empty, unmounted) mountpoint and cache dir in it."""
+        opts = opts or MountOptions()
+        self.check()
+        base = self.env.work_dir / self.name
+        return opts, base, _fresh_dir(base / "mnt"), _fresh_dir(base / "cache")
+
     def open(self, opts: MountOptions | None = None):
         """The system ready for a workload, fresh with an empty cache (a context
         manager yielding ``Mounted``): the mount, for a filesystem."""

@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 from bench.systems.base import (MOUNT_TIMEOUT_S, Mounted, MountOptions, System, SystemEnv,
-                                SystemUnavailable, _fresh_dir, _fuse_dev, _wait_mounted, _wipe,
-                                unmount)
+                                SystemUnavailable, _fuse_dev, _wait_mounted, _wipe, unmount)
 from bench.systems.cpu import find_pids
 from bench.systems.pagecache import drop_page_cache, resident_bytes
 
@@ -73,11 +72,7 @@ class RcloneSystem(System):
 
     @contextlib.contextmanager
     def mount(self, opts=None):
-        opts = opts or MountOptions()
-        self.check()
-        base = self.env.work_dir / "rclone"
-        mnt = _fresh_dir(base / "mnt")
-        cache = _fresh_dir(base / "cache")
+        opts, base, mnt, cache = self._prepare(opts)
         conf = base / "rclone.conf"
         conf.write_text(
             "[bench]\ntype = s3\nprovider = Other\n"
@@ -102,11 +97,7 @@ class S3fsSystem(System):
 
     @contextlib.contextmanager
     def mount(self, opts=None):
-        opts = opts or MountOptions()
-        self.check()
-        base = self.env.work_dir / "s3fs"
-        mnt = _fresh_dir(base / "mnt")
-        cache = _fresh_dir(base / "cache")
+        opts, base, mnt, cache = self._prepare(opts)
         pw = base / "passwd"
         pw.write_text(f"{self.env.access_key}:{self.env.secret_key}\n")
         pw.chmod(0o600)
@@ -209,12 +200,8 @@ class NeuralCacheSystem(System):
 
     @contextlib.contextmanager
     def mount(self, opts=None):
-        opts = opts or MountOptions()
-        self.check()
+        opts, base, mnt, cache = self._prepare(opts)
         exe = neuralcache_binary()
-        base = self.env.work_dir / self.name
-        mnt = _fresh_dir(base / "mnt")
-        cache = _fresh_dir(base / "cache")
         log = base / "mount.log"
         cmd = [exe, "mount", f"s3://{self.env.bucket}", str(mnt),
                "--endpoint-url", self.env.endpoint, "--region", self.env.region,
