@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Self
 
 from .conn import _IN, _Conn, _Line, _Link, _now, _Pipe, _Sock, _tune
 from .faults import FaultConfig
@@ -280,7 +281,25 @@ def parse_hostport(s: str) -> tuple[str, int]:
     return (host or "127.0.0.1"), int(port)
 
 
-class WanProxy:
+class ProxyHandle:
+    """What ``WanProxy`` and ``WanProxyProcess`` share: the proxy's ``endpoint``, and
+    ``start()`` / ``stop()`` as a context manager."""
+
+    host: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class WanProxy(ProxyHandle):
     """The proxy in a background thread of this process.
 
     >>> with WanProxy("127.0.0.1:8333", rtt_ms=60) as p:
@@ -298,10 +317,6 @@ class WanProxy:
         self.host = host
         self.port = listen_port
         self._thread: threading.Thread | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def start(self) -> "WanProxy":
         self.port = self.core.listen(self.host, self.port)
@@ -333,9 +348,3 @@ class WanProxy:
         self.core.stop()
         self._thread.join(timeout=5)
         self._thread = None
-
-    def __enter__(self) -> "WanProxy":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
