@@ -1,7 +1,7 @@
 """The benchmark runner: one run, every system side by side, through one emulated link.
 
 ``run(args)`` starts SeaweedFS and the WAN proxy, builds a ``Ctx`` and calls each
-selected scenario (``bench.scenarios.SCENARIOS[name](ctx)``), then prints the table and
+selected scenario (``bench.scenarios.registry.SCENARIOS[name](ctx)``), then prints the table and
 writes ``results.json`` and the plots.  Everything started is stopped on the way out,
 also on Ctrl-C, SIGTERM or error (mounts first, then the proxy, then SeaweedFS).
 """

@@ -2,8 +2,8 @@
 per-system loop with its watchdog.
 
 The runner (bench/runner.py) starts SeaweedFS and the WAN proxy and builds one ``Ctx``;
-scenarios (bench/scenarios/) get it and use only this module's
-pieces, so the imports run one way: runner -> scenarios -> maze.scenario -> harness.
+each scenario (bench/scenarios/) gets it and reaches the run only through it; the
+harness itself imports only bench/systems/ (and this package's datasets).
 """
 from __future__ import annotations
 

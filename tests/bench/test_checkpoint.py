@@ -1,4 +1,4 @@
-"""The checkpoint scenario (bench/checkpoint.py): listed, its payload, and its local +
+"""The checkpoint scenario (bench/scenarios/checkpoint.py): listed, its payload, and its local +
 neuralcache path for real at a tiny size (SeaweedFS, the WAN proxy, a FUSE mount)."""
 from __future__ import annotations
 

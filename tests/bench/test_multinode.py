@@ -1,5 +1,5 @@
-"""bench/scenarios/multinode/table.py: its table, targets and runner rows from a made-up result (no servers,
-no mounts)."""
+"""The multinode scenario's table, targets and runner rows (bench/scenarios/multinode/
+table.py) from a made-up result (no servers, no mounts)."""
 from __future__ import annotations
 
 from bench.scenarios.multinode import table as mn
