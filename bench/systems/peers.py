@@ -44,7 +44,7 @@ from pathlib import Path
 
 import xxhash
 
-from bench.systems import loader
+from bench.systems import loader as tf   # the train-files loader contract
 from bench.systems.base import MountOptions, Mounted, System, SystemEnv, SystemUnavailable
 from bench.systems.reads import READ_CHUNK, SAMPLE_THREADS, shuffled
 
@@ -118,7 +118,7 @@ def import_streaming():
 def _lit_item(item):
     src, rel = item
     with open(os.path.join(src, rel), "rb") as f:
-        return {"path": rel, "label": loader.label_of(rel), "jpg": f.read()}
+        return {"path": rel, "label": tf.label_of(rel), "jpg": f.read()}
 
 
 def convert(fmt: str, src: Path, manifest: dict, out: Path, shard_mb: int | None = None) -> None:
@@ -132,7 +132,7 @@ def convert(fmt: str, src: Path, manifest: dict, out: Path, shard_mb: int | None
         with sb.MDSWriter(out=str(out), columns={"path": "str", "label": "int",
                                                  "jpg": "bytes"}, **kw) as w:
             for rel in rels:
-                w.write({"path": rel, "label": loader.label_of(rel),
+                w.write({"path": rel, "label": tf.label_of(rel),
                          "jpg": (src / rel).read_bytes()})
     elif fmt == "litdata":
         import litdata
@@ -209,7 +209,7 @@ class _Records:
     """A streaming library's sample dict -> the train-files record (picklable)."""
 
     def __init__(self, manifest: dict):
-        self.verify = loader.Verify(manifest)
+        self.verify = tf.Verify(manifest)
 
     def __call__(self, s):
         return self.verify(s["path"], s["jpg"])
@@ -254,7 +254,7 @@ class PeerClient:
         return f"s3://{self.env.bucket}/{key}"
 
     # a loader for file-per-sample datasets: epoch(e) -> iterable of record batches
-    def train_loader(self, ds_name: str, manifest: dict, seed: int, batch: int = loader.BATCH):
+    def train_loader(self, ds_name: str, manifest: dict, seed: int, batch: int = tf.BATCH):
         raise NotImplementedError
 
     def prepare(self, ds_name: str, manifest: dict) -> None:
@@ -268,7 +268,7 @@ class PeerClient:
         """What the converted copy cost (streaming libraries), once one was made."""
         return self.conv
 
-    def loader(self, ds_name: str, manifest: dict, seed: int, batch: int = loader.BATCH):
+    def loader(self, ds_name: str, manifest: dict, seed: int, batch: int = tf.BATCH):
         """``train_loader``, built once per dataset and kept for the next epochs."""
         key = (ds_name, batch)
         if key not in self.loaders:
@@ -279,8 +279,8 @@ class PeerClient:
         """The samples workload through this peer's loader (one pass over every file;
         the first call is cold, the next one an epoch later)."""
         t0 = time.monotonic()
-        ld = self.loader(ds_name, manifest, seed, loader.BATCH)
-        r = loader.train_files(ld.epoch, manifest, 0.0, 10 ** 9, epoch, t0=t0)
+        ld = self.loader(ds_name, manifest, seed, tf.BATCH)
+        r = tf.train_files(ld.epoch, manifest, 0.0, 10 ** 9, epoch, t0=t0)
         return {"seconds": r["seconds"], "bytes": r["bytes"], "files": r["samples"],
                 "verify_errors": r["verify_errors"], "value": r["samples"] / r["seconds"],
                 "unit": "files/s", "mbps": r["mbps"]}
@@ -364,17 +364,17 @@ class S3TorchClient(PeerClient):
         return {"seconds": dt, "bytes": nbytes, "files": 1, "verify_errors": bad,
                 "value": nbytes / dt / 1e6, "unit": "MB/s"}
 
-    def train_loader(self, ds_name, manifest, seed, batch=loader.BATCH):
+    def train_loader(self, ds_name, manifest, seed, batch=tf.BATCH):
         """``S3MapDataset`` over the original objects with the mounts' sampler."""
         from s3torchconnector import S3MapDataset
         paths = sorted(manifest["files"])
-        verify = loader.Verify(manifest)
+        verify = tf.Verify(manifest)
         skip = len(ds_name) + 1
         ds = S3MapDataset.from_objects([self.uri(f"{ds_name}/{r}") for r in paths],
                                        transform=lambda r: verify(r.key[skip:], r.read()),
                                        **self._kw())
-        workers = TUNING["s3torchconnector"]["workers"] if self.tuned else loader.WORKERS
-        return loader.MapLoader(ds, seed, workers=workers, batch=batch)
+        workers = TUNING["s3torchconnector"]["workers"] if self.tuned else tf.WORKERS
+        return tf.MapLoader(ds, seed, workers=workers, batch=batch)
 
 
 class _StreamingLoader:
@@ -410,7 +410,7 @@ def drop_parent_clients(ds) -> None:
 class MosaicClient(PeerClient):
     fmt = "mds"
 
-    def train_loader(self, ds_name, manifest, seed, batch=loader.BATCH):
+    def train_loader(self, ds_name, manifest, seed, batch=tf.BATCH):
         from torch.utils.data import DataLoader
         sb = import_streaming()
         self.prepare(ds_name, manifest) if self.conv is None else None
@@ -427,10 +427,10 @@ class MosaicClient(PeerClient):
                       local=str(self.work / "cache" / ds_name), shuffle=True,
                       shuffle_seed=seed, batch_size=batch, **kw)
         drop_parent_clients(ds)
-        workers = TUNING["mosaic"]["workers"] if self.tuned else loader.WORKERS
+        workers = TUNING["mosaic"]["workers"] if self.tuned else tf.WORKERS
         return _StreamingLoader(DataLoader(ds, batch_size=batch, num_workers=workers,
                                            persistent_workers=True, prefetch_factor=2,
-                                           collate_fn=loader.records), workers)
+                                           collate_fn=tf.records), workers)
 
     def close(self):
         super().close()
@@ -441,7 +441,7 @@ class MosaicClient(PeerClient):
 class LitDataClient(PeerClient):
     fmt = "litdata"
 
-    def train_loader(self, ds_name, manifest, seed, batch=loader.BATCH):
+    def train_loader(self, ds_name, manifest, seed, batch=tf.BATCH):
         import litdata
         self.prepare(ds_name, manifest) if self.conv is None else None
         kw = {"max_pre_download": TUNING["litdata"]["max_pre_download"]} if self.tuned else {}
@@ -449,9 +449,9 @@ class LitDataClient(PeerClient):
                                       cache_dir=str(self.work / "cache" / ds_name),
                                       shuffle=True, seed=seed, transform=_Records(manifest),
                                       **kw)
-        workers = TUNING["litdata"]["workers"] if self.tuned else loader.WORKERS
+        workers = TUNING["litdata"]["workers"] if self.tuned else tf.WORKERS
         return _StreamingLoader(litdata.StreamingDataLoader(
-            ds, batch_size=batch, num_workers=workers, collate_fn=loader.records), workers)
+            ds, batch_size=batch, num_workers=workers, collate_fn=tf.records), workers)
 
 
 CLIENTS = {"s3torchconnector": S3TorchClient, "mosaic": MosaicClient, "litdata": LitDataClient}
@@ -500,7 +500,7 @@ class ClientSystem(System):
             import litdata.streaming.downloader as dl
             patched = dl._OBSTORE_CLIENT_OPTIONS
             dl._OBSTORE_CLIENT_OPTIONS = {**patched, "allow_http": True}
-        loader.quiet_torch_warnings()    # "8 workers on 2 cores": known, and the point
+        tf.quiet_torch_warnings()    # "8 workers on 2 cores": known, and the point
         client = CLIENTS[self.peer](self, work)
         try:
             yield Mounted(self.name, None, remote=True, kind="client", client=client,
