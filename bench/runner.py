@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bench.report import results as report
 from bench.scenarios.harness import Ctx, log
-from bench.scenarios.registry import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
-                             systems_for)
+from bench.scenarios.registry import (DEFAULT, SCENARIOS, hints_note, missing_requirements,
+                                      peers_note, systems_for)
 from bench.servers.seaweed import SeaweedServer
 from bench.systems.base import SystemEnv
 from bench.systems.mounts import code_revision

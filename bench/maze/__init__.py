@@ -1,1 +1,1 @@
-"""``python -m bench.maze``: the command; the maze scenario and its data are bench/scenarios/maze/."""
+"""``python -m bench.maze``: the command; the maze scenario is bench/scenarios/maze/."""

@@ -21,11 +21,12 @@ its CPU (this process, its loader workers) is counted by the harness like every 
 A client system is not a mount: ``open()`` yields a ``Mounted`` with ``kind="client"``,
 no root, and ``client``: an object with this peer's own version of each workload
 (``samples_epoch``, ``shards_epoch``, ``bigfile_read``, ``train_loader``), each returning
-the same row fields as the mounts' workloads.  The converted copies (MDS, LitData chunks) are
-made once per run from the local copy of the dataset, in a subprocess (``python -m
-bench.systems.peers convert``: LitData's optimize switches multiprocessing to spawn, which must
-not leak into the benchmark process), and put straight into SeaweedFS, not through the
-link; the time and size go into each row's ``conversion`` (a note, not counted).
+the same row fields as the mounts' workloads.  The converted copies (MDS, LitData
+chunks) are made once per run from the local copy of the dataset, in a subprocess
+(``python -m bench.systems.peers convert``: LitData's optimize switches multiprocessing
+to spawn, which must not leak into the benchmark process), and put straight into
+SeaweedFS, not through the link; the time and size go into each row's ``conversion`` (a
+note, not counted).
 """
 from __future__ import annotations
 
@@ -529,7 +530,8 @@ def _version(peer: str) -> str | None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["convert"] or len(sys.argv) not in (6, 7):
-        print("usage: python -m bench.systems.peers convert mds|litdata SRC MANIFEST OUT [SHARD_MB]",
+        print("usage: python -m bench.systems.peers convert mds|litdata SRC MANIFEST OUT "
+              "[SHARD_MB]",
               file=sys.stderr)
         sys.exit(2)
     fmt, src, man, out = sys.argv[2:6]

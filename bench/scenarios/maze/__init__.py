@@ -45,8 +45,8 @@ def prepare(out_dir, seed: int = 0, quick: bool = False, *, layouts=("files", "s
 def train(data_root, *, quick: bool = False, **kwargs) -> dict:
     """Train from data_root; defaults come from the quick/full config, kwargs override.
 
-    kwargs are those of bench.scenarios.maze.training.train (layout, steps, batch_size, workers, out,
-    seed, preset, lr, threads, window, eval_every, hints, log).
+    kwargs are those of bench.scenarios.maze.training.train (layout, steps, batch_size,
+    workers, out, seed, preset, lr, threads, window, eval_every, hints, log).
     """
     from . import training as _train
 

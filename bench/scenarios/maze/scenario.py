@@ -35,8 +35,8 @@ from pathlib import Path
 
 import xxhash
 
-from bench.scenarios import datasets
 from bench.report import results as report
+from bench.scenarios import datasets
 from bench.systems.base import MountOptions
 from bench.systems.cpu import cpu_seconds
 
@@ -128,7 +128,8 @@ def _train(ctx, root: Path, out: Path, cfg: dict, ckpt_dir: Path | None = None) 
 
 
 def _ttft(ckpt: Path, out: Path) -> dict:
-    r = subprocess.run([sys.executable, "-m", "bench.scenarios.maze.ttft", str(ckpt), "--threads", "1"],
+    r = subprocess.run([sys.executable, "-m", "bench.scenarios.maze.ttft", str(ckpt),
+                        "--threads", "1"],
                        capture_output=True, text=True, timeout=600)
     (out / "ttft.log").write_text(r.stderr)
     if r.returncode != 0:
@@ -321,9 +322,10 @@ def scenario(ctx) -> list[dict]:
         key_dir = f"{PREFIX}/checkpoints/{source}"
         local_ckpt = _dataset_dir(ctx) / "checkpoints" / source
         shutil.copytree(results[source]["checkpoint"], local_ckpt, dirs_exist_ok=True)
-        ctx.notes.append(f"maze ttft: a fresh `python -m bench.scenarios.maze.ttft` process loads "
-                         f"{key_dir}/ (trained on {source}, {ckpt_digest[source]}) through "
-                         "a fresh mount with an empty cache; local: page cache dropped first")
+        ctx.notes.append(f"maze ttft: a fresh `python -m bench.scenarios.maze.ttft` process "
+                         f"loads {key_dir}/ (trained on {source}, {ckpt_digest[source]}) "
+                         "through a fresh mount with an empty cache; local: page cache "
+                         "dropped first")
 
         def ttft(ctx, m) -> list[dict]:
             ck = m.root / PREFIX / "checkpoints" / source
