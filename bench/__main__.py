@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         from bench.runner import run
         return run(a)
     if a.cmd == "ceiling":
-        from bench.ceiling import main as ceiling_main
+        from bench.wan.ceiling import main as ceiling_main
         return ceiling_main(a)
-    from bench.scenarios import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
-    from bench.systems import ALL_SYSTEMS
+    from bench.scenarios.registry import DEFAULT, HINTED, HINTS_SYSTEM, SCENARIOS
+    from bench.systems.registry import ALL_SYSTEMS
     for name, fn in SCENARIOS.items():
         extra = "" if name in DEFAULT else "  [not in 'all']"
         doc = (fn.__doc__ or "").strip().splitlines() or ["-"]

@@ -1,7 +1,7 @@
 """The benchmark runner: one run, every system side by side, through one emulated link.
 
 ``run(args)`` starts SeaweedFS and the WAN proxy, builds a ``Ctx`` and calls each
-selected scenario (``bench.scenarios.SCENARIOS[name](ctx)``), then prints the table and
+selected scenario (``bench.scenarios.registry.SCENARIOS[name](ctx)``), then prints the table and
 writes ``results.json`` and the plots.  Everything started is stopped on the way out,
 also on Ctrl-C, SIGTERM or error (mounts first, then the proxy, then SeaweedFS).
 """
@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from bench import report
-from bench.harness import Ctx, log
-from bench.scenarios import (DEFAULT, SCENARIOS, hints_note, missing_requirements, peers_note,
-                             systems_for)
-from bench.seaweed import SeaweedServer
-from bench.systems import ALL_SYSTEMS, SystemEnv, code_revision
+from bench.report import results as report
+from bench.scenarios.harness import Ctx, log
+from bench.scenarios.registry import (DEFAULT, SCENARIOS, hints_note, missing_requirements,
+                                      peers_note, systems_for)
+from bench.servers.seaweed import SeaweedServer
+from bench.systems.base import SystemEnv
+from bench.systems.mounts import code_revision
+from bench.systems.registry import ALL_SYSTEMS
 from bench.wan import WanProxyProcess, cpu_note
 
 BUCKET = "bench"

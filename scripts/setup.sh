@@ -40,14 +40,14 @@ pip_quiet --upgrade pip
 # extra pins it); a plain "torch" would download a multi-GB CUDA build.
 EXTRAS="test,bench"
 if [ "${NEURALCACHE_NO_TORCH:-0}" != "1" ]; then
-    # peers: s3torchconnector, mosaicml-streaming, litdata (bench/peers.py), torch-based
+    # peers: s3torchconnector, mosaicml-streaming, litdata (bench/systems/peers.py), torch-based
     EXTRAS="$EXTRAS,torch,peers"
 fi
 pip_quiet -e ".[$EXTRAS]"
 # mosaicml-streaming and litdata pull in torchvision; the only wheels this machine's
 # indexes hold are CUDA builds that do not load against the CPU torch, and a broken
 # torchvision breaks transformers' imports.  Nothing here uses torchvision
-# (bench/peers.py imports streaming.base without streaming/__init__).
+# (bench/systems/peers.py imports streaming.base without streaming/__init__).
 if .venv/bin/python -m pip show -q torchvision >/dev/null 2>&1 \
         && ! .venv/bin/python -c "import torchvision" >/dev/null 2>&1; then
     .venv/bin/python -m pip uninstall -y -q torchvision >/dev/null 2>&1 || true

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from bench.seaweed import SeaweedServer
+from bench.servers.seaweed import SeaweedServer
 
 NEURALCACHE = [sys.executable, "-m", "neuralcache"]
 
@@ -60,7 +60,7 @@ def s3(seaweed):
 @pytest.fixture(scope="session")
 def seaweed_writes(tmp_path_factory):
     """A second server for the write tests (test_write*.py).  Every bucket is a
-    SeaweedFS collection of 7 volumes and bench/seaweed.py allows 100, so one server
+    SeaweedFS collection of 7 volumes and bench/servers/seaweed.py allows 100, so one server
     holds 14 buckets, and the rest of the suite already uses them up."""
     with SeaweedServer(tmp_path_factory.mktemp("seaweed-write")) as sw:
         yield sw

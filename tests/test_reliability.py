@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.ncmount import stats
-from bench.seaweed import SeaweedServer
-from bench.soak import random_reads
-from bench.systems import drop_page_cache
+from bench.systems.ncmount import stats
+from bench.servers.seaweed import SeaweedServer
+from bench.tools.soak import random_reads
+from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxy
 from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)

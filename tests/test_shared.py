@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 import xxhash
 
-from bench.cluster import SeaweedCluster
+from bench.servers.cluster import SeaweedCluster
 from bench.wan import WanProxyProcess
 from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli,
                       upload_tree)

@@ -1,13 +1,13 @@
-"""The write path against a reference model (bench/fsmodel.py): random sequences of
+"""The write path against a reference model (bench/tools/fsmodel.py): random sequences of
 create, write at random offsets, read, truncate, rename, unlink, mkdir, rmdir, close
 and reopen, fsync and remount on a --writable mount of a real SeaweedFS bucket and on
 a local directory, compared after every step.  CI runs a fixed set of seeds;
-`python -m bench.fsmodel` runs many more."""
+`python -m bench.tools.fsmodel` runs many more."""
 import os
 
 import pytest
 
-from bench import fsmodel
+from bench.tools import fsmodel
 from bench.wan import WanProxyProcess
 from conftest import cli_env, needs_fuse, new_bucket
 

@@ -35,7 +35,7 @@ emulated here.  Model (per direction, client->upstream is "up", upstream->client
 **How it is cheap** (issue 10: the emulator must not be what steals the CPU).  The bytes
 never enter Python: ``os.splice`` moves them from the source socket into kernel pipes
 when they arrive and from the pipes into the destination socket when they are due; the
-proxy keeps only ``[due, nbytes, pipe]`` records (core.py).  One epoll loop in one thread
+proxy keeps only ``[due, nbytes, pipe]`` records (conn.py).  One epoll loop in one thread
 serves all connections.  A quiet source is read when readable (a request, the first bytes
 of a response: stamped on arrival); a busy one (a read >= 64 KiB) is read on a 1 ms grid
 with one large splice per tick, and goes back to readiness events when a tick brings
@@ -65,9 +65,11 @@ GIL), or from the command line::
     python -m bench.wan --listen 9000 --upstream 127.0.0.1:8333 --rtt-ms 60 [--mbit N]
         [--jitter-ms J] [--reset-rate R] [--stall-rate R] [--stall-s S] [--seed N]
 
-Modules: ``core`` (the epoll loop, the splice delay lines, connections, the bandwidth
-buckets, ``WanProxy``), ``faults`` (the seeded resets and stalls), ``process`` (the
-command line and ``WanProxyProcess``, which runs it).
+Modules: ``core`` (the epoll loop, timers, counters, ``WanProxy``), ``conn`` (a
+connection: its sockets, the splice delay lines, the bandwidth buckets), ``faults`` (the
+seeded resets and stalls), ``process`` (the command line and ``WanProxyProcess``, which
+runs it), ``ceiling`` (``python -m bench ceiling``: the proxy's own limit).  The arrows
+run process -> core -> conn -> faults; faults imports nothing of the proxy.
 """
 from .core import WanProxy
 from .faults import FaultConfig

@@ -9,22 +9,29 @@ once per connection; a reset connection is reset after a random number (<
 stalled one stalls from its first response bytes on.  Every draw comes from the
 connection's own seeded generator, so a run is reproducible.
 
-The proxy core (core.py) calls ``ConnFaults`` when a new request starts, when response
+A connection (conn.py) calls ``ConnFaults`` when a new request starts, when response
 bytes arrive from upstream, before it delivers response bytes (``down_budget``) and
-after; the faults act through the connection's ``reset()`` and ``down.stall(seconds)``.
+after; the faults act through the connection's ``reset()`` and ``down.stall(seconds)``
+(``Conn``: all this module asks of one, so that it imports nothing of the proxy).
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .core import _Conn
+from typing import Any, Protocol
 
 # With connection-unit resets, the reset comes after a uniform number of bytes below this.
 CONN_RESET_MAX_BYTES = 256 << 10
 UNITS = ("request", "connection")
+
+
+class Conn(Protocol):
+    """What the faults act through: a proxied connection (conn.py's ``_Conn``)."""
+
+    core: Any        # its ProxyCore: ``core.stats.stalls`` counts the stalls
+    down: Any        # its downstream delay line: ``down.stall(seconds)``
+
+    def reset(self, count: bool = True) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ class ConnFaults:
                 self.reset_after = rng.randrange(CONN_RESET_MAX_BYTES)
             self.conn_stall = bool(cfg.stall_rate and rng.random() < cfg.stall_rate)
 
-    def new_request(self, conn: "_Conn") -> bool:
+    def new_request(self, conn: Conn) -> bool:
         """A client request starts: draw the request-unit faults; True if ``conn`` was reset."""
         c = self.cfg
         if c.unit != "request":
@@ -66,7 +73,7 @@ class ConnFaults:
             conn.down.stall(c.stall_s)
         return False
 
-    def response_bytes(self, conn: "_Conn") -> None:
+    def response_bytes(self, conn: Conn) -> None:
         """Response bytes arrived from upstream: a connection-unit stall starts here."""
         if self.conn_stall:
             self.conn_stall = False
@@ -80,6 +87,6 @@ class ConnFaults:
             return None
         return self.reset_after - self.down_total
 
-    def delivered_down(self, conn: "_Conn", n: int) -> None:
+    def delivered_down(self, conn: Conn, n: int) -> None:
         """``n`` response bytes reached the client."""
         self.down_total += n

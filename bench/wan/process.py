@@ -18,11 +18,11 @@ import subprocess
 import sys
 import time
 
-from .core import ProxyCore, parse_hostport
+from .core import ProxyCore, ProxyHandle, parse_hostport
 from .faults import FaultConfig
 
 
-class WanProxyProcess:
+class WanProxyProcess(ProxyHandle):
     """The proxy as a subprocess (``python -m bench.wan``); counters via a control port."""
 
     def __init__(self, upstream: str, rtt_ms: float = 60.0, mbit: float | None = None,
@@ -41,10 +41,6 @@ class WanProxyProcess:
         self.control_port = 0
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     def start(self) -> "WanProxyProcess":
         # the checkout holding bench/ (bench/wan/process.py -> three levels up)
@@ -90,12 +86,6 @@ class WanProxyProcess:
         if self.proc.stdout:
             self.proc.stdout.close()
         self.proc = None
-
-    def __enter__(self) -> "WanProxyProcess":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
 
 
 def cpu_note(after: dict, before: dict | None = None) -> str | None:

@@ -22,7 +22,7 @@ import time
 import trio
 
 from ..backends.base import ObjectInfo
-from ..errors import BackendError, JournalError, NotFound, NotSupported, UserError
+from ..errors import JournalError, NotFound, NotSupported
 from ..namespace import Namespace, Node
 from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
@@ -80,46 +80,7 @@ class WriteLayer(NameOps, Barriers):
         self.journal_errors = 0
         self._nursery: trio.Nursery | None = None
 
-    # -- start-up, background, unmount -------------------------------------------
-    async def recover(self) -> int:
-        """Open the journal and finish every operation a previous run left (before the
-        mount serves).  Returns how many there were; UserError if they cannot be."""
-        try:
-            acts = await trio.to_thread.run_sync(self.journal.open)
-        except OSError as exc:
-            raise UserError(f"cannot open the write journal in {self.journal.root}: "
-                            f"{exc.strerror}") from None
-        self.queue.restore(acts, self.journal.last_id)
-        keep = {a["staging"] for a in acts if a["a"] == "put"}
-        await trio.to_thread.run_sync(self._collect_garbage, keep)
-        pending = list(self.queue.ops.values())
-        if pending:
-            log.info("journal: finishing %d operations (%d bytes to upload) left by the last "
-                     "run before serving", len(pending), sum(op.size for op in pending))
-            t0 = time.monotonic()
-            async with trio.open_nursery() as n:
-                await n.start(self.run)
-                try:
-                    await self.queue.wait(pending)
-                except BackendError as exc:
-                    raise UserError(f"cannot finish {len(self.queue.ops)} pending operations "
-                                    f"from the write journal ({exc}); the data stays in "
-                                    f"{self.journal.root}: mount again once the remote "
-                                    "accepts writes") from None
-                finally:
-                    n.cancel_scope.cancel()
-            log.info("journal: finished %d operations in %.1f s", len(pending),
-                     time.monotonic() - t0)
-        if self.journal.size():
-            await trio.to_thread.run_sync(self.journal.compact, [])
-        return len(pending)
-
-    def _collect_garbage(self, keep: set[str]) -> None:
-        for name in self.journal.staging_names():
-            if name not in keep:
-                log.info("journal: removing staging file %s (a write never closed)", name)
-                self.journal.remove_staging(name)
-
+    # -- background ------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The committer and the uploader; runs until cancelled."""
         async with trio.open_nursery() as n:

@@ -1,4 +1,4 @@
-"""The checkpoint scenario (bench/checkpoint.py): listed, its payload, and its local +
+"""The checkpoint scenario (bench/scenarios/checkpoint.py): listed, its payload, and its local +
 neuralcache path for real at a tiny size (SeaweedFS, the WAN proxy, a FUSE mount)."""
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ import io
 
 import pytest
 
-from bench import checkpoint as ck
-from bench import report, scenarios
-from bench.harness import Ctx
-from bench.systems import PEER_SYSTEMS, SystemEnv
+from bench.scenarios import checkpoint as ck
+from bench.scenarios import registry as scenarios
+from bench.report import results as report
+from bench.scenarios.harness import Ctx
+from bench.systems.base import SystemEnv
+from bench.systems.registry import PEER_SYSTEMS
 from conftest import delete_bucket, needs_fuse, new_bucket
 
 

@@ -6,7 +6,7 @@ import json
 
 import xxhash
 
-from bench.datasets import Dataset, iter_tar_samples, materialize, standard
+from bench.scenarios.datasets import Dataset, iter_tar_samples, materialize, standard
 
 SMALL_SHARDS = Dataset("s", "shards", {"shards": 3, "samples_per_shard": 5,
                                        "sample_lo": 1000, "sample_hi": 3000})

@@ -1,10 +1,10 @@
-"""bench/multinode.py's table, targets and runner rows from a made-up result (no servers,
-no mounts)."""
+"""The multinode scenario's table, targets and runner rows (bench/scenarios/multinode/
+table.py) from a made-up result (no servers, no mounts)."""
 from __future__ import annotations
 
-from bench import multinode as mn
-from bench import report
-from bench.scenarios import SCENARIOS, DEFAULT
+from bench.scenarios.multinode import table as mn
+from bench.report import results as report
+from bench.scenarios.registry import SCENARIOS, DEFAULT
 
 
 def _epoch(e, wan_x, mbps, **kw):

@@ -7,11 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from bench import cpu, peers, report, scenarios, trainfiles
-from bench.datasets import Dataset, materialize
-from bench.harness import Ctx
-from bench.systems import (ALL_SYSTEMS, PEER_SYSTEMS, Mounted, MountOptions, SystemEnv,
-                           make_system)
+from bench.scenarios import registry as scenarios
+from bench.scenarios import train_files as trainfiles
+from bench.report import results as report
+from bench.scenarios.datasets import Dataset, materialize
+from bench.scenarios.harness import Ctx
+from bench.systems import cpu, loader, peers
+from bench.systems.base import Mounted, MountOptions, SystemEnv
+from bench.systems.registry import ALL_SYSTEMS, PEER_SYSTEMS, make_system
 
 ROW_KEYS = {"scenario", "system", "phase", "value", "unit", "seconds", "bytes",
             "verify_errors", "link_bytes_down", "link_bytes_up", "link_connections",
@@ -119,7 +122,7 @@ def test_train_files_on_local_rows(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setattr(trainfiles, "dataset", lambda quick: TREE)
     monkeypatch.setattr(trainfiles, "COMPUTE_S", 0.001)
-    monkeypatch.setattr(trainfiles, "WORKERS", 2)
+    monkeypatch.setattr(loader, "WORKERS", 2)
     ctx = _ctx(tmp_path, ["local"])
     monkeypatch.setattr(ctx, "add_dataset", lambda ds: materialize(ds, ctx.data_dir, 0))
     monkeypatch.setattr(trainfiles, "warm_loader_machinery", lambda workers=2: None)
@@ -128,7 +131,7 @@ def test_train_files_on_local_rows(tmp_path, monkeypatch):
     def fake_local(system, opts=None):
         yield Mounted("local", ctx.data_dir, remote=False)
     monkeypatch.setattr(ctx, "mount", fake_local)
-    rows = scenarios.train_files(ctx)
+    rows = trainfiles.scenario(ctx)
     assert [r["phase"] for r in rows] == ["epoch1", "epoch2"]
     for r in rows:
         assert ROW_KEYS <= set(r) and "error" not in r
@@ -149,7 +152,7 @@ def test_train_files_catches_corruption_and_reshuffles(tmp_path):
     for e in (1, 2):
         orders.append([rec[0] for batch in ld.epoch(e) for rec in batch])
     assert orders[0] != orders[1] and sorted(orders[0]) == sorted(orders[1])
-    r = trainfiles.train_files(ld.epoch, man, 0.0, 2, 3)
+    r = loader.train_files(ld.epoch, man, 0.0, 2, 3)
     assert r["verify_errors"] == 1 and r["samples"] == 96
 
 
@@ -189,13 +192,13 @@ def test_mosaic_workers_do_not_inherit_the_parents_s3_client(tmp_path, monkeypat
         downloaders.append(self)
         Path(local).write_bytes((mds / os.path.basename(remote)).read_bytes())
     monkeypatch.setattr(S3Downloader, "_download_file_impl", fake_download)
-    monkeypatch.setattr(trainfiles, "WORKERS", 2)
+    monkeypatch.setattr(loader, "WORKERS", 2)
     client = peers.MosaicClient(peers.ClientSystem(_env(tmp_path), "mosaic"), tmp_path / "w")
     client.conv = {"prefix": "mds-1mb/train-files"}
     try:
         ld = client.loader("train-files", man, seed=1, batch=8)
         assert downloaders and all(d._s3_client is None for d in downloaders)
-        r = trainfiles.train_files(ld.epoch, man, 0.0, 10 ** 9, 1)
+        r = loader.train_files(ld.epoch, man, 0.0, 10 ** 9, 1)
         assert r["verify_errors"] == 0 and r["samples"] == 96
     finally:
         client.close()

@@ -1,8 +1,8 @@
 """Ratios and table of a run, the scenario registry (no servers, no mounts)."""
 from __future__ import annotations
 
-from bench import report
-from bench.scenarios import SCENARIOS, register
+from bench.report import results as report
+from bench.scenarios.registry import SCENARIOS, register
 
 
 def _rows():
@@ -58,8 +58,8 @@ def test_plots_draw_bars_and_train_windows(tmp_path):
 
 
 def test_hints_system_runs_only_where_hints_are_published():
-    from bench.scenarios import hints_note, systems_for
-    from bench.systems import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
+    from bench.scenarios.registry import hints_note, systems_for
+    from bench.systems.registry import MOUNT_SYSTEMS as ALL_SYSTEMS   # peers: tests/bench/test_peers.py
 
     for name in ("shards", "samples", "train-files"):
         assert systems_for(name, ALL_SYSTEMS) == ALL_SYSTEMS

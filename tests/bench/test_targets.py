@@ -1,5 +1,5 @@
 """bench.targets reads issue 10's targets off one run's rows."""
-from bench.targets import check, table
+from bench.report.targets import check, table
 
 GIB = 1 << 30
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bench.ceiling import QuietServer
+from bench.wan.ceiling import QuietServer
 from bench.wan import WanProxy, WanProxyProcess
 
 PATTERN = os.urandom(1 << 20)

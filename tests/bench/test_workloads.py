@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import train, workloads
-from bench.datasets import Dataset, materialize
+from bench.scenarios import bigfile, samples, shards, train
+from bench.scenarios.datasets import Dataset, materialize
 
 SHARDS = Dataset("shards", "shards", {"shards": 4, "samples_per_shard": 6,
                                       "sample_lo": 2000, "sample_hi": 5000})
@@ -26,11 +26,11 @@ def _corrupt(path):
 
 def test_clean_reads_verify(data):
     root, man = data
-    r = workloads.shards_epoch(root, "shards", man["shards"], seed=3)
+    r = shards.shards_epoch(root, "shards", man["shards"], seed=3)
     assert r["verify_errors"] == 0 and r["files"] == 4 and r["unit"] == "MB/s"
-    r = workloads.samples_epoch(root, "samples", man["samples"], seed=3, threads=4)
+    r = samples.samples_epoch(root, "samples", man["samples"], seed=3, threads=4)
     assert r["verify_errors"] == 0 and r["files"] == 20 and r["unit"] == "files/s"
-    r = workloads.bigfile_read(root, "bigfile", man["bigfile"])
+    r = bigfile.bigfile_read(root, "bigfile", man["bigfile"])
     assert r["verify_errors"] == 0 and r["bytes"] == 3 << 20
 
 
@@ -39,9 +39,9 @@ def test_corruption_is_reported(data):
     _corrupt(root / "shards" / "shard-00002.tar")
     _corrupt(root / "samples" / "n0001" / "000001.jpg")
     _corrupt(root / "bigfile" / "weights.bin")
-    assert workloads.shards_epoch(root, "shards", man["shards"], 3)["verify_errors"] == 1
-    assert workloads.samples_epoch(root, "samples", man["samples"], 3)["verify_errors"] == 1
-    assert workloads.bigfile_read(root, "bigfile", man["bigfile"])["verify_errors"] == 1
+    assert shards.shards_epoch(root, "shards", man["shards"], 3)["verify_errors"] == 1
+    assert samples.samples_epoch(root, "samples", man["samples"], 3)["verify_errors"] == 1
+    assert bigfile.bigfile_read(root, "bigfile", man["bigfile"])["verify_errors"] == 1
 
 
 def test_train_standin_counts_samples_and_windows(data):

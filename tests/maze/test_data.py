@@ -4,7 +4,7 @@ import tarfile
 
 import xxhash
 
-from bench.maze import data, mazes
+from bench.scenarios.maze import data, mazes
 
 
 def _tree_bytes(root):

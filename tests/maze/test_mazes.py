@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from bench.maze import mazes
+from bench.scenarios.maze import mazes
 
 
 @pytest.mark.parametrize("rows,cols", [(2, 2), (3, 5), (4, 4), (5, 5), (6, 6)])

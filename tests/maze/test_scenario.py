@@ -1,8 +1,8 @@
 """The maze bench scenario's report pieces (no servers, no mounts, no torch)."""
 from __future__ import annotations
 
-from bench import report
-from bench.maze import scenario
+from bench.report import results as report
+from bench.scenarios.maze import scenario
 
 
 def _result(rate_first: float, rate: float, steps: int = 250) -> dict:

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from bench.maze import data, training  # noqa: E402
+from bench.scenarios.maze import data, training  # noqa: E402
 from conftest import cli_env, mounted, needs_fuse, new_bucket, upload_tree  # noqa: E402
 
 STEPS = 4

@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from bench.maze import data, mazes, training  # noqa: E402
-from bench.maze import model as M  # noqa: E402
+from bench.scenarios.maze import data, mazes, training  # noqa: E402
+from bench.scenarios.maze import model as M  # noqa: E402
 
 STEPS = 6
 
@@ -97,7 +97,7 @@ def test_untrained_model_scores_zero_and_eval_runs():
 
 
 def test_ttft_loads_checkpoint(root, tmp_path, capsys):
-    from bench.maze import ttft
+    from bench.scenarios.maze import ttft
 
     ck = getattr(pytest, "ttft_ckpt", None)
     if ck is None:

@@ -1,0 +1,1 @@
+"""The multinode scenario (issue 13): four NeuralCache nodes, one shared tier (``scenario``)."""

@@ -1,0 +1,1 @@
+"""The systems under test: the mounts and the library peers behind one interface."""

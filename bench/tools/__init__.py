@@ -1,0 +1,1 @@
+"""Diagnostic tools: measurements outside a run (breakdown, micro, seqread, soak)."""

@@ -1,0 +1,211 @@
+"""Where the daemon's CPU goes, per GiB and per file, through a real mount over the
+emulated WAN: the measurement every data-plane change proves itself with.
+
+    python -m bench.breakdown [--size 1G] [--files 2000] [--file-size 100K]
+                              [--readers 8] [--rtt-ms 60] [--out bench/out]
+
+Three workloads, in one run, each on a fresh mount of an empty cache (except warm-disk):
+
+* ``bigfile cold``   one file read sequentially in 1 MiB reads (model weights, shards);
+* ``bigfile disk``   the same, remounted: memory and page cache empty, blocks from the
+                     disk cache (every epoch of a dataset larger than RAM);
+* ``files cold``     N small files read once each in random order by R reader threads
+                     (the ImageNet case), no hints;
+* ``files warm``, ``files warm 2``  the next two epochs (new orders) on the same mount,
+                     page cache warm: what each open still costs the daemon.
+
+The daemon runs with ``NEURALCACHE_CPU_ACCOUNTING=1`` (neuralcache/cpuacct.py): its
+CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also shown
+alone), read-ahead/prefetch decisions, the rest of the trio thread (FUSE handlers, the
+block store and memory tier, pyfuse3's request loop, trio) and the rest of the worker
+threads (hand-offs).  Also reported: FUSE requests per file by operation, the kernel's
+read request sizes, and the WAN emulator's own CPU (it must not be the bottleneck).
+Writes breakdown.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import xxhash
+
+from neuralcache.admin.sizes import parse_size
+
+from bench.servers.seaweed import SeaweedServer
+from bench.systems.cpu import cpu_seconds, minor_faults
+from bench.systems.ncmount import mounted, stats
+from bench.systems.pagecache import drop_page_cache
+from bench.systems.reads import read_hashed
+from bench.wan import WanProxyProcess
+
+GIB = 1 << 30
+# Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.
+PARTS = ("fetch", "disk_write", "disk_read", "checksum", "ahead", "loop_other",
+         "worker_other")
+OPS = ("lookup", "getattr", "open", "read", "flush", "release")
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float))}
+
+
+def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
+    """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas."""
+    s0 = stats(mnt)
+    p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
+    f0 = minor_faults(s0["pid"])
+    t0 = time.perf_counter()
+    nbytes, nfiles, wrong = work()
+    secs = time.perf_counter() - t0
+    s1 = stats(mnt)
+    # a daemon without cpu_s (older code, for a before/after): its process total only
+    cpu = _delta(s1.get("cpu_s") or {}, s0.get("cpu_s") or {}) or \
+        {"total": cpu_seconds(s1["pid"]) - d0}
+    return {"seconds": secs, "bytes": nbytes, "files": nfiles, "wrong": wrong, "cpu": cpu,
+            "fuse_requests": _delta(s1.get("fuse_requests", {}), s0.get("fuse_requests", {})),
+            "fuse_read_sizes": _delta(s1.get("fuse_read_sizes", {}),
+                                      s0.get("fuse_read_sizes", {})),
+            "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
+            "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0,
+            "minor_faults": minor_faults(s1["pid"]) - f0}
+
+
+def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: int):
+    order = list(names)
+    random.Random(seed).shuffle(order)
+    wrong = []
+    lock = threading.Lock()
+
+    def one(name: str) -> int:
+        data = (root / name).read_bytes()
+        if xxhash.xxh3_64_hexdigest(data) != digests[name]:
+            with lock:
+                wrong.append(name)
+        return len(data)
+
+    with ThreadPoolExecutor(readers) as pool:
+        nbytes = sum(pool.map(one, order))
+    return nbytes, len(order), wrong
+
+
+def report(rows: dict) -> str:
+    lines = []
+    head = (f"{'workload':14} {'rate':>14} {'CPU s':>7} {'per':>11}  " +
+            " ".join(f"{p:>12}" for p in PARTS) + f" {'WAN emu':>9} {'faults':>9}")
+    lines.append(head)
+    for name, r in rows.items():
+        big = r["files"] <= 1
+        unit, per = ("GiB", r["bytes"] / GIB) if big else ("file", r["files"])
+        scale = 1.0 if big else 1000.0           # CPU-s per GiB, or ms per file
+        rate = (f"{r['bytes'] / r['seconds'] / 1e6:8.0f} MB/s" if big
+                else f"{r['files'] / r['seconds']:7.0f} files/s")
+        total = r["cpu"].get("total", 0.0)
+        cells = " ".join(f"{r['cpu'].get(p, 0.0) / per * scale:12.3f}" for p in PARTS)
+        wan = r["proxy_cpu"] / max(r["bytes_fetched"], 1) * GIB
+        lines.append(f"{name:14} {rate:>14} {total:7.2f} "
+                     f"{total / per * scale:7.3f} {'s/GiB' if big else 'ms/f':>3}  {cells}"
+                     f" {wan:6.2f} s/GiB {r.get('minor_faults', 0) / per:9.0f}")
+    lines.append("parts: CPU-s per GiB (bigfile) or CPU-ms per file (files); disk_write/"
+                 "disk_read include checksum; WAN emu = the emulator's CPU per GiB it carried; "
+                 "faults = the daemon's minor page faults per GiB or per file")
+    for name, r in rows.items():
+        n = max(r["files"], 1)
+        reqs = ", ".join(f"{op} {r['fuse_requests'].get(op, 0) / n:.1f}" for op in OPS)
+        sizes = ", ".join(f"{k}: {v}" for k, v in r["fuse_read_sizes"].items() if v)
+        lines.append(f"{name}: FUSE requests per file: {reqs}; read sizes: {sizes}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G", help="big file size (default 1G)")
+    ap.add_argument("--files", type=int, default=2000,
+                    help="small files (default 2000; 0 skips that workload)")
+    ap.add_argument("--file-size", default="100K", help="small file size (default 100K)")
+    ap.add_argument("--readers", type=int, default=8, help="reader threads (default 8)")
+    ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip")
+    ap.add_argument("--out", default="bench/out", help="directory for breakdown.json")
+    a = ap.parse_args(argv)
+    size, fsize = parse_size(a.size), parse_size(a.file_size)
+    work = Path(tempfile.mkdtemp(prefix="nc-breakdown-"))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: dict[str, dict] = {}
+    try:
+        with SeaweedServer(work / "sw") as sw:
+            s3 = sw.client()
+            s3.create_bucket(Bucket="breakdown")
+            big = work / "big.bin"
+            with open(big, "wb") as f:
+                for _ in range(size // (64 << 20)):
+                    f.write(os.urandom(64 << 20))
+                f.write(os.urandom(size % (64 << 20)))
+            s3.upload_file(str(big), "breakdown", "big.bin")
+            big_digest = read_hashed(big)[1]
+            big.unlink()
+            names = [f"files/c{i % 20:02d}/{i:05d}.jpg" for i in range(a.files)]
+            digests = {}
+
+            def put(name):
+                data = os.urandom(fsize)
+                digests[name] = xxhash.xxh3_64_hexdigest(data)
+                s3.put_object(Bucket="breakdown", Key=name, Body=data)
+
+            with ThreadPoolExecutor(16) as pool:
+                list(pool.map(put, names))
+            env = dict(os.environ, **sw.env(), NEURALCACHE_CPU_ACCOUNTING="1")
+            with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
+                def mount(cache):
+                    return mounted("s3://breakdown", work / "mnt", "--endpoint-url",
+                                   proxy.endpoint, "--cache-dir", work / cache,
+                                   "--cache-size", str(2 * size + a.files * fsize), env=env)
+
+                def bigread(mnt):
+                    def run():
+                        n, digest = read_hashed(mnt / "big.bin")
+                        return n, 1, [] if digest == big_digest else ["big.bin"]
+                    return run
+
+                drop_page_cache()
+                with mount("c1") as mnt:
+                    rows["bigfile cold"] = measure(mnt, proxy, bigread(mnt))
+                    time.sleep(1.0)                  # background disk writes land
+                drop_page_cache()
+                with mount("c1") as mnt:
+                    rows["bigfile disk"] = measure(mnt, proxy, bigread(mnt))
+                if names:
+                    drop_page_cache()
+                    with mount("c2") as mnt:
+                        rows["files cold"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 1))
+                        # the next epochs, page cache warm (bench's "samples warm"): the
+                        # first right after the cold one, the second after that
+                        rows["files warm"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 2))
+                        rows["files warm 2"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 3))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"CPU breakdown, {a.rtt_ms:.0f} ms RTT, {size / GIB:.2f} GiB file, {a.files} x "
+          f"{fsize // 1024} KiB files, {a.readers} readers")
+    print(report(rows))
+    bad = {k: r["wrong"] for k, r in rows.items() if r["wrong"]}
+    if bad:
+        print(f"WRONG BYTES: {bad}")
+    (out / "breakdown.json").write_text(json.dumps(
+        {"size": size, "files": a.files, "file_size": fsize, "readers": a.readers,
+         "rtt_ms": a.rtt_ms, "rows": rows}, indent=2))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
