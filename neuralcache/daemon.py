@@ -30,6 +30,8 @@ from .store.tiers import DiskTier, MemoryTier
 from .admin.config import MountConfig
 from .errors import BackendError, UserError
 from .fs.operations import Operations
+from .meta.lister import Lister
+from .meta.rows import DB_NAME
 from .namespace import Namespace
 from .ahead.prefetch import Prefetcher
 from .stats import Stats
@@ -152,33 +154,6 @@ async def _check_backend(backend, cfg: MountConfig) -> None:
         raise describe_check_error(exc, cfg.source, cfg.endpoint_url) from None
 
 
-async def _relist_forever(backend, ns: Namespace, prefetcher: Prefetcher | None,
-                          ttl: float, writes=None) -> None:
-    if ttl <= 0:
-        return
-    while True:
-        await trio.sleep(ttl)
-        t0 = time.monotonic()
-        try:
-            objs = await trio.to_thread.run_sync(lambda: list(backend.list_all()))
-        except Exception as exc:  # keep serving the old snapshot
-            log.warning("re-listing the source failed (%s); keeping the old listing", exc)
-            continue
-        changed = ns.apply_listing(objs)
-        if writes is not None:    # what this mount wrote that the listing may not show yet
-            writes.after_listing(t0)
-            changed = [n for n in changed if not writes.is_local(n)]
-        if prefetcher is not None:
-            prefetcher.refresh_catalog()
-        for node in changed:
-            try:
-                await trio.to_thread.run_sync(pyfuse3.invalidate_inode, node.inode)
-            except OSError:
-                pass   # the kernel does not know this inode: nothing to drop
-        log.info("re-listed %d objects in %.1f s (%d changed)", len(objs),
-                 time.monotonic() - t0, len(changed))
-
-
 async def _serve(cfg: MountConfig, on_ready) -> None:
     cpuacct.set_loop_thread()
     mp = check_mountpoint(cfg.mountpoint)
@@ -187,6 +162,15 @@ async def _serve(cfg: MountConfig, on_ready) -> None:
                                concurrency=cfg.concurrency, profile=cfg.profile)
     except BackendError as exc:
         raise UserError(str(exc)) from None
+    if cfg.manifest:
+        from .meta.manifest import Manifest, ManifestBackend
+
+        m = await trio.to_thread.run_sync(Manifest, cfg.manifest)
+        if m.source and m.source != cfg.source:
+            log.warning("manifest %s was written for %s, mounted for %s", cfg.manifest,
+                        m.source, cfg.source)
+        log.info("names from manifest %s (%d entries)", cfg.manifest, m.entries)
+        backend = ManifestBackend(backend, m)
     await _check_backend(backend, cfg)
     sub = cache_subdir(cfg)
     _adopt_old_subdir(cfg, sub)
@@ -242,15 +226,13 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         nblocks = await trio.to_thread.run_sync(disk.load)
     except OSError as exc:
         raise UserError(f"cannot use cache directory {sub}: {exc}") from None
-    ns = Namespace()
+    ns = Namespace(os.path.join(sub, DB_NAME), cfg.metadata_cache_size)
+    lister = Lister(ns, backend, ttl=cfg.metadata_ttl)
     writes = await _open_journal(cfg, backend, ns, sub)
-    try:
-        objs = await trio.to_thread.run_sync(lambda: list(backend.list_all()))
-    except BackendError as exc:
-        raise describe_check_error(exc, cfg.source, cfg.endpoint_url) from None
-    ns.apply_listing(objs)
-    log.info("listed %d objects (%d bytes) in %.1f s; disk cache has %d blocks",
-             ns.files, ns.total_bytes, time.monotonic() - t0, nblocks)
+    if writes is not None:
+        writes.lister, lister.writes = lister, writes
+    log.info("disk cache has %d blocks (loaded in %.1f s); directories are listed as "
+             "they are used", nblocks, time.monotonic() - t0)
     if hasattr(backend, "warm_connections"):
         await trio.to_thread.run_sync(backend.warm_connections,
                                       min(cfg.concurrency, WARM_CONNECTIONS))
@@ -271,6 +253,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     prefetcher = Prefetcher(ns, store, predictor,
                             budget_bytes=int(cfg.memory_cache_size * PREFETCH_BUDGET_FRACTION),
                             enabled=cfg.prefetch)
+    lister.on_listed, prefetcher.lister = prefetcher.listed, lister
     # Epoch-aware eviction: blocks of files consumed this epoch go before unread ones.
     tracker = getattr(getattr(predictor, "epochset", None), "tracker", None)
     if tracker is not None and hasattr(tracker, "evict_rank"):
@@ -278,7 +261,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
 
     def snapshot() -> dict:
         extra = {"source": cfg.source, "mountpoint": mp,
-                 "files": ns.files, "dataset_bytes": ns.total_bytes,
+                 "files": ns.files, "dataset_bytes": ns.total_bytes, **lister.stats(),
                  "hints": prefetcher.hints_set, "open_handles": ops.open_handles(),
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,
@@ -325,7 +308,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                                uid=os.getuid(), gid=os.getgid(),
                                shared=cfg.allow_other,
                                sync_open=writes.sync_handle if writes is not None else None)
-    ops = Operations(ns, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
+    ops = Operations(ns, lister, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
                      readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
                      trace=trace, controls=controls, prefetcher=prefetcher, writes=writes)
     try:
@@ -340,10 +323,9 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 await outer.start(writes.run)
             async with trio.open_nursery() as n:
                 await n.start(store.run)
+                await n.start(lister.run)
                 if shared is not None:
                     await n.start(shared.run)
-                n.start_soon(_relist_forever, backend, ns, prefetcher, cfg.metadata_ttl,
-                             writes)
                 n.start_soon(_on_signals)
                 if os.environ.get("NEURALCACHE_TRACEMALLOC") == "1":
                     n.start_soon(_memory_report_on_sigusr1)
@@ -368,6 +350,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             pyfuse3.close(unmount=True)
         if writes is not None:
             writes.journal.close()
+        ns.close()
         if metrics is not None:
             metrics.close()
         log.info("unmounted %s (clean=%s)", mp, unmounted)

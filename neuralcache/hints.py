@@ -4,8 +4,10 @@
     publish_order("/mnt/imagenet", ["train/n01/img1.jpg", "train/n07/img9.jpg", ...])
 
 Paths may be absolute (inside the mount) or relative to the mount root.  The mount
-validates the whole list (every path must be a file in the mount) and either takes it
-or refuses it with EINVAL, changing nothing; this function raises HintError then.
+checks every path's form as it arrives and either takes the whole list or refuses it
+with EINVAL, changing nothing; this function raises HintError then.  Paths are not
+checked against the listing (a mount lists directories as they are used): one that
+names nothing is skipped when its turn comes.
 No FUSE, no trio: a job imports it without the daemon's dependencies.
 """
 from __future__ import annotations
@@ -61,8 +63,9 @@ def publish_order(mountpoint: str, paths: Iterable[str]) -> int:
             f.write(data)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
-            raise HintError("the mount refused the hints: every path must be a file in "
-                            "the mount (see the daemon log for the first bad one)") from None
+            raise HintError("the mount refused the hints: every path must be relative to "
+                            "the mount, without empty, '.' or '..' parts (the daemon log "
+                            "names the first bad one)") from None
         raise
     return len(lines)
 

@@ -1,22 +1,36 @@
-"""The namespace: a local snapshot of the remote listing, as an inode tree.
+"""The namespace: the entries of the directories listed so far, and the inode table.
 
-Built from one parallel listing at mount time (no round trip per lookup) and rebuilt by
-``apply_listing`` on TTL expiry.  Inode numbers are stable per path for the life of the
-mount; lookup counts follow the FUSE protocol (``lookup`` adds, ``forget`` subtracts)
-and an entry removed from the remote stays resolvable by inode until forgotten.
+Entries are rows of a SQLite table on local disk (meta/rows.py says why), filled a
+directory at a time by meta/lister.py as the job looks into directories, never all
+at mount.  In memory there are only:
+
+* ``dirs``: a small state per known directory (its key, whether and when it was
+  listed, how many subdirectories it has, readdir's next offset);
+* ``Node`` objects for the entries someone holds right now (an open file, the write
+  layer): one canonical object per inode while referenced (a weak map), gone with the
+  last reference.  Setting a Node's size, version, times, name or parent writes the
+  row; reading it reads the object.
+
+Inode numbers are given out in order and stay with their entry for the life of the
+mount; lookup counts follow the FUSE protocol (``remember`` adds, ``forget``
+subtracts) and are kept in the row, so an entry removed from the remote stays
+resolvable by inode until the kernel forgets it.
 
 Directories come from key prefixes.  A key that is both an object and a prefix of
 other keys (S3 allows "a" and "a/b") shows as a directory; the object is hidden and
-logged.  Pure data structure: no I/O, no trio.
+logged.  No I/O but the table's, no trio.
 """
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 import time
-from dataclasses import dataclass, field
+import weakref
 from typing import Iterable
 
 from .backends.base import ObjectInfo
+from .meta.rows import DEFAULT_CACHE_BYTES, DB_NAME, Row, Rows
 
 log = logging.getLogger(__name__)
 
@@ -25,148 +39,257 @@ ROOT_INODE = 1
 FIRST_FREE_INODE = 16
 
 
-@dataclass(eq=False)
+class _Column:
+    """A Node attribute kept in its row: setting it writes the row."""
+
+    def __set_name__(self, owner, name):
+        self.col, self.slot = name, "_" + name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.slot)
+
+    def __set__(self, obj, value):
+        setattr(obj, self.slot, value)
+        obj._ns.rows.set(obj.inode, self.col, value)
+
+
 class Node:
-    inode: int
-    name: str
-    parent: int
-    is_dir: bool
-    size: int = 0
-    version: str = ""
-    mtime: float = 0.0
-    checked: float = 0.0            # time.monotonic() when last confirmed by the remote
-    children: dict[str, "Node"] | None = None
-    lookups: int = 0
-    removed: bool = False           # gone from the remote, kept until forgotten
-    ctime: float = 0.0              # last change here (a --writable mount); 0: mtime
+    __slots__ = ("_ns", "inode", "is_dir", "_name", "_parent", "_size", "_version",
+                 "_mtime", "_checked", "_ctime", "_removed", "__weakref__")
+    name = _Column()
+    parent = _Column()
+    size = _Column()
+    version = _Column()
+    mtime = _Column()
+    checked = _Column()          # time.monotonic() when last confirmed by the remote
+    ctime = _Column()            # last change made here (a --writable mount); 0: mtime
+    removed = _Column()          # gone from the tree, kept until forgotten
+
+    def __init__(self, ns: "Namespace", row: Row):
+        self._ns = ns
+        self.inode, self.is_dir = row.ino, bool(row.dir)
+        self._name, self._parent, self._size, self._version = (row.name, row.parent,
+                                                                 row.size, row.version)
+        self._mtime, self._checked, self._ctime = row.mtime, row.checked, row.ctime
+        self._removed = bool(row.removed)
 
     @property
     def key(self) -> str:
-        return self._key
+        if self.inode == ROOT_INODE:
+            return ""
+        d = self._ns.dirs.get(self._parent)
+        base = d.key if d is not None else ""
+        return f"{base}/{self._name}" if base else self._name
 
-    _key: str = field(default="", repr=False)
+    def __repr__(self) -> str:
+        return f"Node({self.inode}, {self.key!r}{', dir' if self.is_dir else ''})"
+
+
+class DirState:
+    """What the namespace knows of one directory (kept for every directory row)."""
+
+    __slots__ = ("key", "listed_at", "complete", "used_at", "nsub", "next_seq", "foreign",
+                 "listing", "refreshing")
+
+    def __init__(self, key: str, complete: bool = False):
+        self.key = key
+        self.listed_at = 0.0       # monotonic start of the listing its entries come from
+        self.complete = complete   # every entry of the listing is in the table
+        self.used_at = 0.0         # monotonic time of the last lookup or readdir in it
+        self.nsub = 0              # subdirectories (st_nlink = 2 + nsub)
+        self.next_seq = 1          # readdir offset of the next entry added
+        self.foreign = 0           # entries added while it was not completely listed
+        self.listing = None        # meta/lister.py: the listing in progress, if any
+        self.refreshing = False
 
 
 class Namespace:
-    def __init__(self) -> None:
+    def __init__(self, db_path: str | None = None, cache_bytes: int = DEFAULT_CACHE_BYTES):
+        if db_path is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="nc-meta-")
+            db_path = os.path.join(self._tmp.name, DB_NAME)
+        self.rows = Rows(db_path, cache_bytes)
+        self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
         now = time.time()
-        self.root = Node(ROOT_INODE, "", ROOT_INODE, True, mtime=now, children={})
-        self._by_inode: dict[int, Node] = {ROOT_INODE: self.root}
-        self._inode_of: dict[str, int] = {"": ROOT_INODE}
+        self.rows.insert([(ROOT_INODE, 0, "", 1, 0, now, "", 0.0, 0.0, 0)])   # parent 0: none
+        self.dirs: dict[int, DirState] = {ROOT_INODE: DirState("")}
         self._next = FIRST_FREE_INODE
-        self.listed_at = 0.0       # monotonic time of the last complete listing
-        self.files = 0
-        self.total_bytes = 0
+        self.files = 0             # files in the table (listed so far)
+        self.total_bytes = 0       # their bytes
 
-    # -- building ------------------------------------------------------------------
-    def _inode_for(self, key: str, is_dir: bool) -> int:
-        tag = key + ("/" if is_dir else "")
-        ino = self._inode_of.get(tag)
-        if ino is None:
-            ino = self._next
-            self._next += 1
-            self._inode_of[tag] = ino
+    def close(self) -> None:
+        self.rows.close()
+
+    # -- nodes ---------------------------------------------------------------------
+    def _node(self, row: Row) -> Node:
+        n = self._live.get(row.ino)
+        if n is None:
+            n = Node(self, row)
+            self._live[row.ino] = n
+        return n
+
+    def get(self, inode: int) -> Node | None:
+        n = self._live.get(inode)
+        if n is not None:
+            return n
+        row = self.rows.get(inode)
+        return self._node(row) if row else None
+
+    @property
+    def root(self) -> Node:
+        return self.get(ROOT_INODE)
+
+    def child(self, parent: int, name: str) -> Node | None:
+        row = self.rows.child(parent, name)
+        return self._node(row) if row else None
+
+    def children(self, node: Node) -> list[Node]:
+        """Every entry of a directory, in readdir order (for small directories; readdir
+        itself goes through ``page``)."""
+        return [self._node(r) for r in self.rows.names(node.inode)] if node.is_dir else []
+
+    def page(self, dir_inode: int, from_seq: int, limit: int) -> list[Row]:
+        return self.rows.page(dir_inode, from_seq, limit)
+
+    def has_children(self, node: Node) -> bool:
+        return self.rows.has_children(node.inode)
+
+    def subdirs(self, dir_inode: int) -> int:
+        d = self.dirs.get(dir_inode)
+        return d.nsub if d is not None else 0
+
+    def dir_state(self, node: Node) -> DirState | None:
+        return self.dirs.get(node.inode) if node.is_dir else None
+
+    def by_path(self, path: str) -> Node | None:
+        return self.resolve(path)[0]
+
+    def resolve(self, path: str) -> tuple[Node | None, int | None]:
+        """(the node at ``path``, None) or (None, the inode of the first directory on
+        the way whose listing is incomplete: the path may be there once it is listed)."""
+        node = self.get(ROOT_INODE)
+        for part in [p for p in path.split("/") if p]:
+            if not node.is_dir:
+                return None, None
+            child = self.child(node.inode, part)
+            if child is None:
+                d = self.dirs.get(node.inode)
+                return None, (node.inode if d is not None and not d.complete else None)
+            node = child
+        return node, None
+
+    def children_dirs(self, dir_inode: int) -> list[int]:
+        return [r[0] for r in self.rows.db.execute(
+            "SELECT ino FROM e WHERE parent = ? AND dir = 1 AND removed = 0", (dir_inode,))]
+
+    def files_in_dir(self, dir_inode: int) -> list[tuple[str, int]]:
+        """(key, size) of the files of a listed directory, by name (a predictor's
+        catalog grows by these)."""
+        base = self.dirs[dir_inode].key if dir_inode in self.dirs else ""
+        rows = self.rows.db.execute(
+            "SELECT name, size FROM e WHERE parent = ? AND dir = 0 AND removed = 0 "
+            "ORDER BY name", (dir_inode,)).fetchall()
+        return [(f"{base}/{n}" if base else n, s) for n, s in rows]
+
+    # -- building (meta/lister.py) -------------------------------------------------------
+    def _new_ino(self) -> int:
+        ino = self._next
+        self._next += 1
         return ino
 
-    def apply_listing(self, objects: Iterable[ObjectInfo], now: float | None = None
-                      ) -> list[Node]:
-        """Replace the tree with ``objects``; returns nodes whose version changed."""
+    def add_listing(self, dir_inode: int, files: Iterable[ObjectInfo], subdirs: Iterable[str],
+                    now: float | None = None) -> int:
+        """Add what a listing page of a directory shows (``subdirs`` are names) to its
+        entries, keeping those it has; returns how many were added."""
+        d = self.dirs[dir_inode]
         now = time.monotonic() if now is None else now
-        objs = {o.key: o for o in objects}
-        dirs: set[str] = set()
-        for k in objs:
-            parts = k.split("/")
-            for i in range(1, len(parts)):
-                dirs.add("/".join(parts[:i]))
-        for k in [k for k in objs if k in dirs]:
-            log.warning("%r is both an object and a prefix; showing the directory", k)
-            del objs[k]
-        old_nodes = {n.key: n for n in self._by_inode.values()
-                     if not n.is_dir and not n.removed}
-        changed: list[Node] = []
-        new_root = Node(ROOT_INODE, "", ROOT_INODE, True, mtime=self.root.mtime, children={})
-        new_root._key = ""
-        by_inode: dict[int, Node] = {ROOT_INODE: new_root}
-        dir_nodes: dict[str, Node] = {"": new_root}
+        entries: dict[str, ObjectInfo | None] = {}     # name -> object, None: a directory
+        for o in files:
+            entries[o.key.rpartition("/")[2]] = o
+        for name in subdirs:
+            if name in entries:
+                log.warning("%r is both an object and a prefix; showing the directory",
+                            entries[name].key)
+            entries[name] = None
+        dir_rows, file_rows, file_bytes = [], [], 0
+        wall = time.time()
+        for name in sorted(entries):                   # readdir shows a page by name
+            if d.foreign and self.rows.child(dir_inode, name) is not None:
+                continue
+            o = entries[name]
+            if o is None:
+                dir_rows.append((self._new_ino(), dir_inode, name, 1, 0, wall, "", now, 0.0,
+                                 d.next_seq))
+            else:
+                file_rows.append((self._new_ino(), dir_inode, name, 0, o.size, o.mtime,
+                                  o.version, now, 0.0, d.next_seq))
+                file_bytes += o.size
+            d.next_seq += 1
+        self.rows.insert(dir_rows + file_rows)
+        for r in dir_rows:
+            self.dirs[r[0]] = DirState(f"{d.key}/{r[2]}" if d.key else r[2])
+        d.nsub += len(dir_rows)
+        self.files += len(file_rows)
+        self.total_bytes += file_bytes
+        return len(dir_rows) + len(file_rows)
 
-        def ensure_dir(path: str) -> Node:
-            node = dir_nodes.get(path)
-            if node is not None:
-                return node
-            parent_path, _, name = path.rpartition("/")
-            parent = ensure_dir(parent_path)
-            ino = self._inode_for(path, True)
-            prev = self._by_inode.get(ino)
-            node = Node(ino, name, parent.inode, True, mtime=new_root.mtime, children={},
-                        lookups=prev.lookups if prev else 0, checked=now)
-            node._key = path
-            parent.children[name] = node
-            dir_nodes[path] = node
-            by_inode[ino] = node
-            return node
+    def _insert_one(self, parent: DirState, parent_ino: int, name: str, is_dir: bool,
+                    size: int = 0, version: str = "", mtime: float | None = None,
+                    checked: float | None = None) -> Node:
+        """One new entry (a probe's answer, a file or directory made here)."""
+        ino = self._new_ino()
+        mtime = time.time() if mtime is None else mtime
+        checked = time.monotonic() if checked is None else checked
+        self.rows.insert([(ino, parent_ino, name, int(is_dir), size, mtime, version, checked,
+                           0.0, parent.next_seq)])
+        parent.next_seq += 1
+        if not parent.complete:
+            parent.foreign += 1
+        if is_dir:
+            self.dirs[ino] = DirState(f"{parent.key}/{name}" if parent.key else name,
+                                      complete=True)
+            parent.nsub += 1
+        else:
+            self.files += 1
+            self.total_bytes += size
+        return self.get(ino)
 
-        total = 0
-        for key in sorted(objs):
-            o = objs[key]
-            parent_path, _, name = key.rpartition("/")
-            parent = ensure_dir(parent_path)
-            ino = self._inode_for(key, False)
-            prev = old_nodes.pop(key, None)
-            node = Node(ino, name, parent.inode, False, o.size, o.version, o.mtime,
-                        checked=now, lookups=prev.lookups if prev else 0)
-            node._key = key
-            if prev is not None and prev.version != o.version:
-                changed.append(node)
-            parent.children[name] = node
-            by_inode[ino] = node
-            total += o.size
-        # Keep removed-but-still-looked-up nodes resolvable by inode until forget().
-        for n in self._by_inode.values():
-            if n.inode not in by_inode and n.lookups > 0:
-                n.removed = True
-                by_inode[n.inode] = n
-        self.root = new_root
-        self._by_inode = by_inode
-        self.listed_at = now
-        self.files = len(objs)
-        self.total_bytes = total
-        return changed
+    def add_found(self, dir_inode: int, name: str, info: ObjectInfo | None,
+                  is_dir: bool) -> Node:
+        """A lookup's probe found ``name`` in a directory still being listed."""
+        d = self.dirs[dir_inode]
+        if is_dir:
+            n = self._insert_one(d, dir_inode, name, True)
+            self.dirs[n.inode].complete = False     # its entries are the remote's
+            return n
+        return self._insert_one(d, dir_inode, name, False, info.size, info.version,
+                                info.mtime)
 
-    def update_object(self, node: Node, info: ObjectInfo, now: float | None = None) -> bool:
-        """Record a fresh stat of one object; True if its version changed."""
-        node.checked = time.monotonic() if now is None else now
-        changed = info.version != node.version
-        node.size, node.version, node.mtime = info.size, info.version, info.mtime
-        return changed
+    def evict_listing(self, dir_inode: int) -> None:
+        """Forget a directory's entries (none held by the kernel, no subdirectory
+        listed): the next look lists it again."""
+        d = self.dirs[dir_inode]
+        db = self.rows.db
+        n, nbytes = db.execute("SELECT count(*), total(size) FROM e WHERE parent = ? AND "
+                               "dir = 0 AND removed = 0", (dir_inode,)).fetchone()
+        for sub in self.children_dirs(dir_inode):
+            self.dirs.pop(sub, None)
+        self.rows.delete_unheld_children(dir_inode)
+        self.files -= n
+        self.total_bytes -= int(nbytes)
+        d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0
 
-    def mark_removed(self, node: Node) -> None:
-        parent = self._by_inode.get(node.parent)
-        if parent and parent.children and parent.children.get(node.name) is node:
-            del parent.children[node.name]
-        node.removed = True
-        if node.lookups <= 0:
-            self._by_inode.pop(node.inode, None)
-
-    # -- changes made through a writable mount (neuralcache/write/) -------------------
+    # -- changes (a listing that differs, or a --writable mount: neuralcache/write/) -----
     def make_dirs(self, path: str) -> Node:
-        """The directory node at ``path``, created with its parents if missing.
-        ValueError if a file is in the way."""
-        node = self.root
-        walked = []
+        """The directory node at ``path``, created with its parents if missing (made
+        here: complete, nothing to list).  ValueError if a file is in the way."""
+        node = self.get(ROOT_INODE)
         for part in [p for p in path.split("/") if p]:
-            walked.append(part)
-            child = node.children.get(part)
+            child = self.child(node.inode, part)
             if child is None:
-                key = "/".join(walked)
-                ino = self._inode_for(key, True)
-                prev = self._by_inode.get(ino)
-                child = Node(ino, part, node.inode, True, mtime=time.time(), children={},
-                             checked=time.monotonic(), lookups=prev.lookups if prev else 0)
-                child._key = key
-                node.children[part] = child
-                self._by_inode[ino] = child
+                child = self._insert_one(self.dirs[node.inode], node.inode, part, True)
             elif not child.is_dir:
-                raise ValueError(f"{'/'.join(walked)} is a file")
+                raise ValueError(f"{child.key} is a file")
             node = child
         return node
 
@@ -175,114 +298,110 @@ class Namespace:
         if a directory is there."""
         parent_path, _, name = key.rpartition("/")
         parent = self.make_dirs(parent_path)
-        node = parent.children.get(name)
+        node = self.child(parent.inode, name)
         if node is not None and node.is_dir:
             raise ValueError(f"{key} is a directory")
         if node is None:
-            ino = self._inode_for(key, False)
-            prev = self._by_inode.get(ino)
-            node = Node(ino, name, parent.inode, False, lookups=prev.lookups if prev else 0)
-            node._key = key
-            parent.children[name] = node
-            self._by_inode[ino] = node
-            self.files += 1
-        else:
-            self.total_bytes -= node.size
-        node.size, node.version, node.mtime = size, version, mtime
-        node.checked = time.monotonic()
-        node.removed = False
-        self.total_bytes += size
+            return self._insert_one(self.dirs[parent.inode], parent.inode, name, False, size,
+                                    version, mtime)
+        self.total_bytes += size - node.size
+        self.rows.set_many(node.inode, size=size, version=version, mtime=mtime,
+                           checked=time.monotonic(), removed=0)
+        node._size, node._version, node._mtime = size, version, mtime
+        node._checked, node._removed = time.monotonic(), False
         return node
 
+    def update_object(self, node: Node, info: ObjectInfo, now: float | None = None) -> bool:
+        """Record a fresh stat of one object; True if its version changed."""
+        changed = info.version != node.version
+        if not node.removed:
+            self.total_bytes += info.size - node.size
+        now = time.monotonic() if now is None else now
+        self.rows.set_many(node.inode, size=info.size, version=info.version,
+                           mtime=info.mtime, checked=now)
+        node._size, node._version, node._mtime, node._checked = (info.size, info.version,
+                                                                   info.mtime, now)
+        return changed
+
     def remove(self, node: Node) -> None:
-        """Unlink ``node`` (and, for a directory, everything under it): its path is
-        free for a new inode; the node resolves by inode until forgotten."""
-        for n in self._subtree(node):
-            self._inode_of.pop(n.key + ("/" if n.is_dir else ""), None)
-            if not n.is_dir:
-                self.files -= 1
-                self.total_bytes -= n.size
-            if n is not node:
-                n.removed = True
-                if n.lookups <= 0:
-                    self._by_inode.pop(n.inode, None)
-        self.mark_removed(node)
+        """Unlink ``node`` (and, for a directory, everything listed under it): its name
+        is free for a new inode; what the kernel holds resolves by inode until
+        forgotten."""
+        for n in reversed(self.subtree(node)):
+            self._drop(n)
+
+    mark_removed = remove
+
+    def _drop(self, n: Node) -> None:
+        if n.removed:
+            return
+        parent = self.dirs.get(n.parent)
+        if n.is_dir:
+            if parent is not None:
+                parent.nsub -= 1
+        else:
+            self.files -= 1
+            self.total_bytes -= n.size
+        if self.rows.lookups(n.inode) > 0:
+            n.removed = True
+        else:
+            self._delete(n.inode, n.is_dir)
+            n._removed = True
+
+    def _delete(self, inode: int, is_dir: bool) -> None:
+        self.rows.delete(inode)
+        self._live.pop(inode, None)
+        if is_dir:
+            self.dirs.pop(inode, None)
 
     def move(self, node: Node, new_parent: Node, new_name: str) -> None:
         """Rename ``node`` (a file or a whole directory) to ``new_name`` in
         ``new_parent``, keeping inode numbers; the caller removed any target first."""
-        old = self._by_inode.get(node.parent)
-        if old is not None and old.children and old.children.get(node.name) is node:
-            del old.children[node.name]
-        for n in self._subtree(node):
-            self._inode_of.pop(n.key + ("/" if n.is_dir else ""), None)
-        node.name, node.parent = new_name, new_parent.inode
-        new_parent.children[new_name] = node
-        base = f"{new_parent.key}/{new_name}" if new_parent.key else new_name
+        old_parent = self.dirs.get(node.parent)
+        np = self.dirs[new_parent.inode]
+        node.parent, node.name = new_parent.inode, new_name
+        node.checked = time.monotonic()        # a listing begun before must not undo it
+        self.rows.set(node.inode, "seq", np.next_seq)
+        np.next_seq += 1
+        if not np.complete:
+            np.foreign += 1
+        if node.is_dir:
+            if old_parent is not None:
+                old_parent.nsub -= 1
+            np.nsub += 1
+            old = self.dirs[node.inode].key
+            new = f"{np.key}/{new_name}" if np.key else new_name
+            for d in self.dirs.values():
+                if d.key == old or d.key.startswith(old + "/"):
+                    d.key = new + d.key[len(old):]
 
-        def rekey(n: Node, key: str) -> None:
-            n._key = key
-            self._inode_of[key + ("/" if n.is_dir else "")] = n.inode
-            for name, c in (n.children or {}).items():
-                rekey(c, f"{key}/{name}")
-
-        rekey(node, base)
-
-    def _subtree(self, node: Node) -> list[Node]:
+    def subtree(self, node: Node) -> list[Node]:
+        """``node`` and everything listed under it, parents before children."""
         out, todo = [], [node]
         while todo:
             n = todo.pop()
             out.append(n)
-            todo.extend((n.children or {}).values())
-        return out
-
-    # -- queries ------------------------------------------------------------------------
-    def get(self, inode: int) -> Node | None:
-        return self._by_inode.get(inode)
-
-    def child(self, parent: int, name: str) -> Node | None:
-        p = self._by_inode.get(parent)
-        if p is None or not p.is_dir or p.children is None:
-            return None
-        return p.children.get(name)
-
-    def by_path(self, path: str) -> Node | None:
-        node = self.root
-        for part in [p for p in path.split("/") if p]:
-            if node.children is None:
-                return None
-            node = node.children.get(part)
-            if node is None:
-                return None
-        return node
-
-    def files_in_order(self) -> list[tuple[str, int]]:
-        """(key, size) of every file in listing (sorted key) order, for predictors."""
-        out: list[tuple[str, int]] = []
-
-        def walk(n: Node) -> None:
-            for name in sorted(n.children or {}):
-                c = n.children[name]
-                if c.is_dir:
-                    walk(c)
-                else:
-                    out.append((c.key, c.size))
-
-        walk(self.root)
-        out.sort()
+            if n.is_dir:
+                todo.extend(self.children(n))
         return out
 
     # -- lookup counts -----------------------------------------------------------------
     def remember(self, node: Node) -> None:
-        node.lookups += 1
+        self.rows.add_lookups(node.inode, 1)
+
+    def remember_inode(self, inode: int) -> None:
+        self.rows.add_lookups(inode, 1)
+
+    def lookups(self, inode: int) -> int:
+        return self.rows.lookups(inode)
 
     def forget(self, inode: int, n: int) -> None:
-        node = self._by_inode.get(inode)
-        if node is None or inode == ROOT_INODE:
+        if inode == ROOT_INODE:
             return
-        node.lookups = max(0, node.lookups - n)
-        if node.lookups == 0 and node.removed:
-            del self._by_inode[inode]
+        self.rows.add_lookups(inode, -n)
+        row = self.rows.get(inode)
+        if row is not None and row.removed and self.rows.lookups(inode) == 0:
+            self._delete(inode, bool(row.dir))
 
     def __len__(self) -> int:
-        return len(self._by_inode)
+        return self.rows.count()

@@ -218,9 +218,14 @@ def test_hints_accept_good_refuse_bad(seaweed, dataset_bucket, tmp_path):
         hints.write_text("train/shard-001.tar\ntrain/class a/img 001.jpg\n")
         assert stats(mp)["hints"] == 2
         with pytest.raises(OSError) as e:
-            hints.write_text("train/shard-001.tar\nno/such/file\n")
+            hints.write_text("train/shard-001.tar\nno/../file\n")
         assert e.value.errno == errno.EINVAL
         assert stats(mp)["hints"] == 2           # a bad hint changes nothing
+        # a path that names nothing (yet) is taken: directories are listed as they are
+        # used, and it is skipped when its turn comes
+        hints.write_text("train/shard-001.tar\nno/such/file\ntrain/shard-000.tar\n")
+        assert stats(mp)["hints"] == 3
+        assert (mp / "train/shard-000.tar").read_bytes()
 
 
 def test_mount_errors_are_one_line_and_leave_nothing_mounted(seaweed, s3, dataset_bucket,

@@ -10,6 +10,7 @@ from neuralcache.backends.base import ObjectInfo
 from neuralcache.errors import NotFound
 from neuralcache.fs.operations import FileHandle, Operations
 from neuralcache.fs.trace import TraceRing
+from neuralcache.meta.lister import Lister
 from neuralcache.namespace import Namespace
 from neuralcache.stats import Stats
 from neuralcache.store.blocks import Pinned
@@ -43,7 +44,8 @@ class MovingStore:
 
 
 def edge(store) -> Operations:
-    return Operations(Namespace(), store, None, Stats(), metadata_ttl=60,
+    ns = Namespace()
+    return Operations(ns, Lister(ns, None, ttl=60), store, None, Stats(), metadata_ttl=60,
                       readahead_bytes=0, trace=TraceRing(0), controls=None,
                       writes=Writes())
 

@@ -1,68 +1,258 @@
-"""The namespace snapshot and inode table, without a kernel."""
+"""The namespace (a table of listed entries) and the lister (directories listed as they
+are used, refreshed in the background), without a kernel: a backend in memory whose
+listings can be slowed down and counted."""
+import threading
+import time
+
+import pytest
+import trio
+
 from neuralcache.backends.base import ObjectInfo, valid_key
+from neuralcache.meta.lister import Lister
 from neuralcache.namespace import ROOT_INODE, Namespace
 
 
-def objs(*items):
-    return [ObjectInfo(k, s, v, 1.0) for k, s, v in items]
+class TreeBackend:
+    """Objects in a dict; ``list_dir`` pages of ``page`` keys, each after ``delay``."""
+
+    def __init__(self, keys: dict[str, int], page: int = 1000, delay: float = 0.0):
+        self.objects = {k: ObjectInfo(k, s, f"v{s}", 1.0) for k, s in keys.items()}
+        self.page, self.delay = page, delay
+        self.listed: list[str] = []
+        self.probed: list[str] = []
+        self.lock = threading.Lock()
+
+    def set(self, key, size):
+        self.objects[key] = ObjectInfo(key, size, f"v{size}", 1.0)
+
+    def list_dir(self, key):
+        with self.lock:
+            self.listed.append(key)
+        prefix = key + "/" if key else ""
+        files, dirs = [], set()
+        for k in sorted(self.objects):
+            if not k.startswith(prefix):
+                continue
+            rest = k[len(prefix):]
+            if "/" in rest:
+                dirs.add(rest.split("/")[0])
+            else:
+                files.append(self.objects[k])
+        entries = [("d", d) for d in sorted(dirs)] + [("f", f) for f in files]
+        for i in range(0, max(1, len(entries)), self.page):
+            time.sleep(self.delay)
+            part = entries[i:i + self.page]
+            yield [o for t, o in part if t == "f"], [d for t, d in part if t == "d"]
+
+    def probe(self, key):
+        with self.lock:
+            self.probed.append(key)
+        if key in self.objects:
+            return self.objects[key], False
+        return None, any(k.startswith(key + "/") for k in self.objects)
 
 
-def test_tree_from_keys():
+def run(backend, body, ttl=300.0):
     ns = Namespace()
-    ns.apply_listing(objs(("a/b/c.bin", 10, "e1"), ("a/d.bin", 5, "e2"), ("top", 1, "e3")))
-    a = ns.child(ROOT_INODE, "a")
-    assert a.is_dir and set(a.children) == {"b", "d.bin"}
-    c = ns.by_path("a/b/c.bin")
-    assert c.size == 10 and c.version == "e1" and not c.is_dir
-    assert ns.files == 3 and ns.total_bytes == 16
-    assert ns.files_in_order() == [("a/b/c.bin", 10), ("a/d.bin", 5), ("top", 1)]
+
+    async def main():
+        lister = Lister(ns, backend, ttl=ttl)
+        async with trio.open_nursery() as n:
+            await n.start(lister.run)
+            result = await body(ns, lister)
+            n.cancel_scope.cancel()
+        return result
+
+    try:
+        return trio.run(main)
+    finally:
+        ns.close()
+
+
+async def walk(ns, lister, path):
+    node = ns.get(ROOT_INODE)
+    for part in path.split("/"):
+        node = await lister.lookup(node, part)
+        if node is None:
+            return None
+    return node
+
+
+def test_nothing_is_listed_until_looked_into():
+    be = TreeBackend({"a/b/c.bin": 10, "a/d.bin": 5, "top": 1, "z/1": 1})
+
+    async def body(ns, lister):
+        assert be.listed == [] and len(ns) == 1           # the root row only
+        c = await walk(ns, lister, "a/b/c.bin")
+        assert c.size == 10 and c.version == "v10" and c.key == "a/b/c.bin"
+        assert sorted(be.listed) == ["", "a", "a/b"]       # z/ never listed
+        assert ns.by_path("a/d.bin").size == 5
+        a = ns.by_path("a")
+        assert a.is_dir and ns.subdirs(a.inode) == 1 and ns.files == 3
+        assert [r.name for r in ns.page(a.inode, 0, 10)] == ["b", "d.bin"]
+
+    run(be, body)
 
 
 def test_object_and_prefix_conflict_shows_directory():
+    be = TreeBackend({"x": 3, "x/y": 4})
+
+    async def body(ns, lister):
+        x = await walk(ns, lister, "x")
+        assert x.is_dir and (await lister.lookup(x, "y")).size == 4
+
+    run(be, body)
+
+
+def test_negative_lookup_and_missing_directory():
+    be = TreeBackend({"d/f": 1})
+
+    async def body(ns, lister):
+        assert await walk(ns, lister, "d/nope") is None
+        assert await walk(ns, lister, "nope") is None
+        assert be.probed == []              # a complete listing answers "no" itself
+
+    run(be, body)
+
+
+def test_lookup_in_a_huge_directory_does_not_wait_for_the_whole_listing():
+    keys = {f"flat/{i:06d}": i for i in range(20_000)}
+    be = TreeBackend(keys, page=1000, delay=0.05)      # 20 pages: 1 s to list it all
+
+    async def body(ns, lister):
+        flat = await walk(ns, lister, "flat")
+        t0 = time.monotonic()
+        node = await lister.lookup(flat, "019999")       # on the last page
+        waited = time.monotonic() - t0
+        assert node is not None and node.size == 19_999
+        assert waited < 0.5, waited                        # a probe, not 20 pages
+        assert await lister.lookup(flat, "nope") is None
+        assert await lister.lookup(flat, "nope") is None
+        assert be.probed.count("flat/nope") == 1           # the "no" is remembered
+        await lister.ready(flat)
+        assert ns.files == 20_000 and len(ns.page(flat.inode, 0, -1)) == 20_000
+
+    run(be, body)
+
+
+def test_readdir_offsets_are_stable_across_a_refresh():
+    be = TreeBackend({f"d/{i:03d}": 1 for i in range(10)})
+
+    async def body(ns, lister):
+        d = await walk(ns, lister, "d")
+        await lister.ready(d)
+        first = ns.page(d.inode, 0, 4)
+        be.objects.pop("d/001")
+        be.set("d/zzz", 7)
+        ds = ns.dirs[d.inode]
+        ds.listed_at -= 1000                                 # expired
+        await lister.lookup(d, "000")                        # starts a refresh
+        while ds.listing is not None:
+            await trio.sleep(0.01)
+        rest = ns.page(d.inode, first[-1].seq + 1, 100)
+        names = [r.name for r in first] + [r.name for r in rest]
+        assert "001" in names[:4] and "001" not in [r.name for r in rest]
+        assert [r.name for r in rest] == ["004", "005", "006", "007", "008", "009", "zzz"]
+
+    run(be, body)
+
+
+def test_refresh_applies_changes_without_making_requests_wait():
+    keys = {f"d/{i:05d}": 1 for i in range(5000)}
+    be = TreeBackend(keys, page=1000, delay=0.2)
+
+    async def body(ns, lister):
+        d = await walk(ns, lister, "d")
+        await lister.ready(d)
+        f = await lister.lookup(d, "00042")
+        held = f.inode
+        ns.remember(f)
+        be.objects.pop("d/00042")
+        be.set("d/00043", 99)
+        be.set("d/new", 5)
+        ns.dirs[d.inode].listed_at -= 1000
+        longest, t_end = 0.0, time.monotonic() + 5
+        invalidated = []
+        lister.invalidate_entry = lambda p, n: invalidated.append(n)
+        lister.invalidate_inode = lambda i: invalidated.append(i)
+        while time.monotonic() < t_end:
+            t0 = time.monotonic()
+            n = await lister.lookup(d, "00007")            # served from the old entries
+            longest = max(longest, time.monotonic() - t0)
+            assert n is not None
+            if ns.dirs[d.inode].listing is None and ns.child(d.inode, "new") is not None:
+                break
+            await trio.sleep(0.005)
+        assert longest < 0.05, longest
+        assert ns.child(d.inode, "new").size == 5 and ns.child(d.inode, "00043").size == 99
+        assert ns.child(d.inode, "00042") is None
+        assert ns.get(held).removed                       # the kernel still holds it
+        assert "00042" in invalidated and "new" in invalidated
+        ns.forget(held, 1)
+        assert ns.get(held) is None
+
+    run(be, body)
+
+
+def test_idle_directories_are_evicted_unless_held():
+    be = TreeBackend({"a/1": 1, "a/2": 2, "b/1": 1})
+
+    async def body(ns, lister):
+        one = await walk(ns, lister, "a/1")
+        await walk(ns, lister, "b/1")
+        ns.remember(one)
+        await trio.sleep(0.1)                      # the listings' tasks end
+        assert await lister.evict_idle(time.monotonic() + 1) == 1     # b only
+        assert not ns.dirs[ns.by_path("b").inode].complete
+        assert ns.dirs[ns.by_path("a").inode].complete
+        assert ns.files == 2
+        assert (await walk(ns, lister, "b/1")).size == 1             # listed again
+        assert be.listed.count("b") == 2
+
+    run(be, body)
+
+
+def test_inodes_are_stable_and_counts_follow_forget():
+    be = TreeBackend({"d/f1": 1, "d/f2": 1})
+
+    async def body(ns, lister):
+        f1 = await walk(ns, lister, "d/f1")
+        ino = f1.inode
+        del f1
+        assert (await walk(ns, lister, "d/f1")).inode == ino
+        ns.remember(ns.get(ino))
+        ns.remember(ns.get(ino))
+        ns.remove(ns.get(ino))
+        assert ns.child(ns.by_path("d").inode, "f1") is None
+        assert ns.get(ino).removed
+        ns.forget(ino, 1)
+        assert ns.get(ino) is not None
+        ns.forget(ino, 1)
+        assert ns.get(ino) is None
+
+    run(be, body)
+
+
+def test_node_changes_are_kept_in_the_table():
     ns = Namespace()
-    ns.apply_listing(objs(("x", 3, "e1"), ("x/y", 4, "e2")))
-    x = ns.child(ROOT_INODE, "x")
-    assert x.is_dir and "y" in x.children
-    assert ns.files == 1
+    try:
+        n = ns.put_file("x/y.bin", 5, "v1", 1.0)
+        n.size, n.version = 7, "v2"
+        ino = n.inode
+        del n
+        assert ns.get(ino).size == 7 and ns.get(ino).version == "v2"
+        ns.move(ns.by_path("x"), ns.get(ROOT_INODE), "z")
+        assert ns.by_path("z/y.bin").inode == ino and ns.get(ino).key == "z/y.bin"
+    finally:
+        ns.close()
 
 
-def test_inodes_stable_and_changes_reported():
-    ns = Namespace()
-    ns.apply_listing(objs(("d/f1", 1, "v1"), ("d/f2", 1, "v1")))
-    f1 = ns.by_path("d/f1").inode
-    d = ns.by_path("d").inode
-    changed = ns.apply_listing(objs(("d/f1", 2, "v2"), ("d/f2", 1, "v1"), ("d/f3", 1, "v")))
-    assert ns.by_path("d/f1").inode == f1 and ns.by_path("d").inode == d
-    assert [n.key for n in changed] == ["d/f1"]
-    assert ns.get(f1).size == 2
+@pytest.mark.parametrize("bad", ["", "/abs", "a//b", "../x", "a/../b", "a/./b", "x\x00y",
+                                 "a/" + "n" * 256])
+def test_valid_key_rejects_escapes(bad):
+    assert not valid_key(bad)
 
 
-def test_lookup_counts_keep_removed_entries_until_forget():
-    ns = Namespace()
-    ns.apply_listing(objs(("gone", 1, "v"), ("stay", 1, "v")))
-    gone = ns.by_path("gone")
-    ns.remember(gone)
-    ns.remember(gone)
-    ns.apply_listing(objs(("stay", 1, "v")))
-    assert ns.child(ROOT_INODE, "gone") is None       # not visible by name
-    assert ns.get(gone.inode) is not None             # still resolvable by inode
-    assert ns.get(gone.inode).removed
-    ns.forget(gone.inode, 1)
-    assert ns.get(gone.inode) is not None
-    ns.forget(gone.inode, 1)
-    assert ns.get(gone.inode) is None
-
-
-def test_lookup_count_survives_relisting():
-    ns = Namespace()
-    ns.apply_listing(objs(("f", 1, "v")))
-    ns.remember(ns.by_path("f"))
-    ns.apply_listing(objs(("f", 1, "v")))
-    assert ns.by_path("f").lookups == 1
-
-
-def test_valid_key_rejects_escapes():
-    for bad in ["", "/abs", "a//b", "../x", "a/../b", "a/./b", "x\x00y", "a/" + "n" * 256]:
-        assert not valid_key(bad), bad
+def test_valid_key_accepts():
     for good in ["a", "a b/ü.bin", "..hidden", "x/...", "n" * 255]:
         assert valid_key(good), good

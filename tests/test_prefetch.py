@@ -4,7 +4,6 @@ from collections import namedtuple
 import pytest
 import trio
 
-from neuralcache.backends.base import ObjectInfo
 from neuralcache.store.blocks import BlockStore
 from neuralcache.store.tiers import MemoryTier
 from neuralcache.errors import UserError
@@ -42,7 +41,7 @@ class Scripted:
 
     def set_hints(self, paths):
         if "bad" in paths:
-            raise ValueError("hint 1: not in the catalog")
+            raise ValueError("hint 1: not a path")
         self.hints = paths
 
     def clear_hints(self):
@@ -57,7 +56,8 @@ class Scripted:
 
 def setup(preds, objects, budget=1 << 30):
     ns = Namespace()
-    ns.apply_listing([ObjectInfo(k, s, "v", 0.0) for k, s in objects])
+    for k, s in objects:
+        ns.put_file(k, s, "v", 0.0)
     be = FakeBackend()
     store = BlockStore(be, MemoryTier(1 << 30), None, Stats(), block_size=BS, concurrency=16)
     return ns, be, store, Prefetcher(ns, store, Scripted(preds), budget_bytes=budget)

@@ -13,6 +13,7 @@ from typing import Callable
 from bench.scenarios import (bigfile, checkpoint, fio, overflow, samples, shards, train,
                              train_files)
 from bench.scenarios.multinode import scenario as multinode
+from bench.scenarios.namespace import scenario as namespace
 from bench.systems import peers
 from bench.systems.registry import PEER_SYSTEMS
 
@@ -91,6 +92,7 @@ register("fio", fio.scenario, default=True)
 register("train-files", train_files.scenario, default=True, hints=True)
 register("checkpoint", checkpoint.scenario)    # long: not in "all"
 register("multinode", multinode.scenario)
+register("namespace", namespace.scenario)   # long (fills a bucket once): not in "all"
 
 
 def _maybe_register_maze() -> None:

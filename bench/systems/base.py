@@ -74,6 +74,10 @@ class MountOptions:
     memory_cache_mb: int = 1024    # neuralcache memory tier
     writable: bool = False         # writes on (neuralcache --writable, rclone
                                    # --vfs-cache-mode writes, s3fs rw); read-only otherwise
+    metadata_ttl_s: float | None = None   # how long listings are trusted (neuralcache
+                                   # --metadata-ttl, rclone --dir-cache-time and
+                                   # --attr-timeout, s3fs stat_cache_expire); None: each
+                                   # system's bench default (300 s, 1 h, 3600 s)
 
 
 def abort_mount(m: Mounted) -> None:

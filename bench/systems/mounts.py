@@ -32,6 +32,11 @@ S3FS_MIN_CACHE_MB = 10 * 16 + 16
 S3FS_RESERVE_MB = 8
 
 
+def _seconds(value: float | None, default: float) -> str:
+    """A duration for rclone's flags ("60s")."""
+    return f"{value if value is not None else default:g}s"
+
+
 class LocalSystem(System):
     name = "local"
     remote = False
@@ -66,7 +71,8 @@ class RcloneSystem(System):
                 "--vfs-read-chunk-size", "16M", "--vfs-read-chunk-size-limit", "off",
                 "--vfs-read-ahead", "64M", "--buffer-size", "16M",
                 "--transfers", "16", "--checkers", "16",
-                "--dir-cache-time", "1h", "--attr-timeout", "60s",
+                "--dir-cache-time", _seconds(opts.metadata_ttl_s, 3600),
+                "--attr-timeout", _seconds(opts.metadata_ttl_s, 60),
                 "--max-read-ahead", "1M", *([] if opts.writable else ["--read-only"]),
                 "--no-modtime", "--log-file", str(log), "--log-level", "NOTICE"]
 
@@ -122,7 +128,8 @@ class S3fsSystem(System):
             f"url={self.env.endpoint}", "use_path_request_style",
             f"passwd_file={pw}", f"use_cache={cache}", f"endpoint={self.env.region}",
             "parallel_count=16", "multireq_max=32", *([] if opts.writable else ["ro"]),
-            "stat_cache_expire=3600", "max_stat_cache_size=200000", "enable_noobj_cache",
+            f"stat_cache_expire={int(opts.metadata_ttl_s or 3600)}",
+            "max_stat_cache_size=200000", "enable_noobj_cache",
             f"logfile={log}", "dbglevel=warn",
         ])
         cmd = ["s3fs", self.env.bucket, str(mnt), "-f", "-o", o]
@@ -211,6 +218,8 @@ class NeuralCacheSystem(System):
             cmd += ["--readahead", "off", "--prefetch", "off"]
         if opts.writable:
             cmd += ["--writable"]
+        if opts.metadata_ttl_s is not None:
+            cmd += ["--metadata-ttl", str(opts.metadata_ttl_s)]
         t0 = time.monotonic()
         with open(log, "ab") as lf:
             try:

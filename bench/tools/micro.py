@@ -108,7 +108,6 @@ def prefetch_cpu(n_files: int, n_opens: int) -> None:
 
     import trio
 
-    from neuralcache.backends.base import ObjectInfo
     from neuralcache.store.blocks import BlockStore
     from neuralcache.store.tiers import MemoryTier
     from neuralcache.namespace import Namespace
@@ -122,10 +121,11 @@ def prefetch_cpu(n_files: int, n_opens: int) -> None:
 
     keys = [f"maze/mazes/{i // 1000:03d}/{i:06d}.bin" for i in range(n_files)]
     ns = Namespace()
-    ns.apply_listing([ObjectInfo(k, 250, "v", 0.0) for k in keys])
+    for k in keys:
+        ns.put_file(k, 250, "v", 0.0)
     store = BlockStore(Backend(), MemoryTier(1 << 30), None, Stats(), block_size=8 << 20,
                        concurrency=64)
-    pf = Prefetcher(ns, store, make_default_predictor(ns.files_in_order()),
+    pf = Prefetcher(ns, store, make_default_predictor([(k, 250) for k in sorted(keys)]),
                     budget_bytes=256 << 20)
     rng = random.Random(0)
     order: list[int] = []

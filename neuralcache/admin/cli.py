@@ -1,4 +1,5 @@
-"""The `neuralcache` command: mount, umount, stats, trace, warm, sync.
+"""The `neuralcache` command: mount, umount, stats, trace, warm, sync (and in their own
+modules: shared-cache gc, manifest export).
 
 One function per subcommand; ``main(argv=None)``.  UserError prints one line (no
 traceback) and exits 1.
@@ -94,6 +95,16 @@ def build_config(args: argparse.Namespace) -> MountConfig:
                         f"({format_size(cfg.block_size)})")
     if cfg.block_size < 64 << 10 or cfg.block_size > 64 << 20:
         raise UserError("--block-size must be between 64K and 64M")
+    if cfg.manifest:
+        if cfg.writable:
+            raise UserError("--manifest mounts are read-only (the manifest is a frozen "
+                            "listing): drop --writable, or mount without --manifest")
+        cfg.manifest = os.path.abspath(cfg.manifest)
+        if not os.path.isfile(cfg.manifest):
+            raise UserError(f"manifest {cfg.manifest} does not exist (write one with "
+                            "neuralcache manifest export SOURCE FILE)")
+        if "metadata_ttl" not in values:
+            cfg.metadata_ttl = 0.0
     if cfg.endpoint_url is None and os.environ.get("AWS_ENDPOINT_URL"):
         cfg.endpoint_url = os.environ["AWS_ENDPOINT_URL"]
     return cfg
@@ -511,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_trace)
     from .sharedgc import add_parser as add_shared_cache_parser
     add_shared_cache_parser(sub)
+    from .manifest import add_parser as add_manifest_parser
+    add_manifest_parser(sub)
     return p
 
 

@@ -35,6 +35,13 @@ class MountConfig:
     # Metadata TTL: datasets are written once and read for days; 300 s bounds how long
     # a replaced object stays invisible while keeping re-listing rare.
     metadata_ttl: float = 300.0
+    # Metadata memory: SQLite's page cache over the table of listed entries
+    # (meta/rows.py): 64 MiB holds the hot rows of ~500k entries; the table itself is
+    # on disk under --cache-dir (~135 bytes per listed entry).
+    metadata_cache_size: int = 64 << 20
+    # A listing brought by the user (meta/manifest.py): names come from it, never
+    # from listing the source; entries never expire unless --metadata-ttl says so.
+    manifest: str | None = None
     block_size: int = DEFAULT_BLOCK_SIZE
     concurrency: int = DEFAULT_CONCURRENCY
     readahead: bool = True
@@ -127,8 +134,18 @@ OPTIONS: dict[str, tuple] = {
     "memory_cache_size": (lambda v: parse_size(v, "memory cache size"),
                           "memory cache limit, e.g. 1G (default 1G)"),
     "metadata_ttl": (_number("metadata TTL", float, 0, "a number of seconds"),
-                     "seconds the listing is trusted before entries are revalidated "
-                     "(default 300)"),
+                     "seconds a directory's listing is trusted; then it is listed "
+                     "again in the background while the old entries serve, and a file "
+                     "opened is checked (one HEAD); also the kernel's entry and "
+                     "attribute timeout (default 300; 0: entries never expire)"),
+    "metadata_cache_size": (lambda v: parse_size(v, "metadata cache size"),
+                            "memory for the metadata of listed directories (their "
+                            "entries live in a table under --cache-dir, ~135 bytes each "
+                            "on disk), e.g. 64M (default 64M)"),
+    "manifest": (os.path.expanduser, "serve names from this manifest file (written by "
+                                     "`neuralcache manifest export`) instead of listing "
+                                     "the source; read-only, entries never expire unless "
+                                     "--metadata-ttl is given"),
     "block_size": (lambda v: parse_size(v, "block size"),
                    "ranged GET and cache block size (default 8M)"),
     "concurrency": (_number("concurrency", int, 1, "a whole number"),

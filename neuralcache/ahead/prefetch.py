@@ -60,6 +60,9 @@ SAFETY = 2.0
 # samples, or many large shards) are left to the predictor.
 SIBLINGS_MAX_FILES = 16
 SIBLINGS_MAX_BYTES = 64 << 20
+# The catalog is rebuilt at most this often while directories join it (a rebuild is
+# O(catalog): ~1 s per million files).
+CATALOG_EVERY_S = 2.0
 
 
 class Rate:
@@ -93,14 +96,51 @@ class Prefetcher:
         self._backoff = 0
         self._misses_seen = 0
         self._warmed_dirs: set[str] = set()
-        self.predictor.set_catalog(ns.files_in_order())
+        # The catalog (the files predictors may name) is the directories the job reads:
+        # a directory joins it once a file in it is opened and its listing is complete.
+        self._catalog_dirs: set[int] = set()    # directories in the catalog
+        self._wanted_dirs: set[int] = set()     # opened in, waiting for their listing
+        self._catalog_at = 0.0
+        self._catalog_stale = False
+        self.lister = None       # meta/lister.py: lists a directory a prediction is in
 
-    def refresh_catalog(self) -> None:
-        self.predictor.set_catalog(self.ns.files_in_order())   # forgets what was planned
+    def listed(self, dir_inode: int) -> None:
+        """meta/lister.py: a directory's listing completed (or was refreshed)."""
+        if dir_inode in self._wanted_dirs or dir_inode in self._catalog_dirs:
+            self._wanted_dirs.discard(dir_inode)
+            self._catalog_dirs.add(dir_inode)
+            self._catalog_stale = True
+
+    def _catalog_dir(self, parent: int) -> None:
+        if parent in self._catalog_dirs or parent in self._wanted_dirs:
+            return
+        d = self.ns.dirs.get(parent)
+        if d is not None and d.complete:
+            self._catalog_dirs.add(parent)
+            self._catalog_stale = True
+        else:
+            self._wanted_dirs.add(parent)
+
+    def _rebuild_catalog(self) -> None:
+        """At most every CATALOG_EVERY_S: the predictors' catalog is rebuilt whole
+        (forgetting what was planned), so directories joining it are batched."""
+        now = time.monotonic()
+        if not self._catalog_stale or now - self._catalog_at < CATALOG_EVERY_S:
+            return
+        self._catalog_stale, self._catalog_at = False, now
+        entries: list[tuple[str, int]] = []
+        for ino in sorted(self._catalog_dirs, key=lambda i: self.ns.dirs[i].key
+                          if i in self.ns.dirs else ""):
+            if ino in self.ns.dirs:
+                entries += self.ns.files_in_dir(ino)
+        self.predictor.set_catalog(entries)
         self._warmed_dirs.clear()
 
     # -- events ------------------------------------------------------------------
-    def on_open(self, key: str, size: int, pid: int) -> None:
+    def on_open(self, key: str, size: int, pid: int, parent: int | None = None) -> None:
+        if parent is not None:
+            self._catalog_dir(parent)
+        self._rebuild_catalog()
         self._observe("open", key, 0, 0, pid, size)
         if self.enabled:
             self._warm_siblings(key)
@@ -114,16 +154,23 @@ class Prefetcher:
             return 0
         self._warmed_dirs.add(parent)
         d = self.ns.by_path(parent)
-        if d is None or not d.children or len(d.children) > SIBLINGS_MAX_FILES:
+        if d is None or not d.is_dir:
+            return 0
+        ds = self.ns.dirs.get(d.inode)
+        if ds is None or not ds.complete:
+            return 0
+        siblings = self.ns.page(d.inode, 0, SIBLINGS_MAX_FILES + 1)
+        if not siblings or len(siblings) > SIBLINGS_MAX_FILES:
             return 0
         if (self.store.speculative_unread_bytes() >= self.budget
                 or self.store.speculative_inflight_bytes() >= self.inflight_target()):
             return 0             # the same budgets as every other prefetch
         budget, started = SIBLINGS_MAX_BYTES, 0
-        for n in sorted(d.children.values(), key=lambda n: n.name):
-            if n.is_dir or n.removed or n.size == 0 or n.key == key:
+        for n in sorted(siblings, key=lambda r: r.name):
+            k = f"{parent}/{n.name}" if parent else n.name
+            if n.dir or n.removed or n.size == 0 or k == key:
                 continue
-            pinned = Pinned(n.key, n.version, n.size)
+            pinned = Pinned(k, n.version, n.size)
             nbytes = self.store.block_range(pinned, 0)[1]
             if nbytes > budget:
                 break
@@ -147,19 +194,20 @@ class Prefetcher:
             self.enabled = False
 
     # -- hints ---------------------------------------------------------------------
-    def set_hints(self, paths: list[str]) -> int:
-        clean = [p.lstrip("/") for p in paths]
+    def set_hints(self, paths) -> int:
+        """Install an upcoming order: a list of paths, or a predictors.order.PackedOrder
+        (the control file's); an empty one clears the hints."""
         try:
-            if clean:
-                self.predictor.set_hints(clean)
+            if len(paths):
+                self.predictor.set_hints(paths)
             else:
                 self.predictor.clear_hints()
         except ValueError as exc:
             raise UserError(f"hints refused: {exc}") from None
-        self.hints_set = len(clean)
+        self.hints_set = len(paths)
         self._skip = self._backoff = 0        # plan the new order now
         self._pump()
-        return len(clean)
+        return len(paths)
 
     # -- scheduling ----------------------------------------------------------------
     def inflight_target(self) -> int:
@@ -198,8 +246,12 @@ class Prefetcher:
                 if not started:
                     lead += 1
                 continue         # the whole file is already cached or on its way
-            node = self.ns.by_path(p.path)
-            if node is None or node.is_dir or node.removed:
+            node, unlisted = self.ns.resolve(p.path)
+            if node is None:
+                if unlisted is not None and self.lister is not None:
+                    self.lister.want(unlisted)    # a hinted path in a directory not seen
+                continue
+            if node.is_dir or node.removed:
                 continue
             whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
             pinned = Pinned(node.key, node.version, node.size)

@@ -122,6 +122,13 @@ class Backend(Protocol):
     def list_all(self) -> Iterator[ObjectInfo]:
         """Every object under the source root (parallel inside), in no special order."""
 
+    def list_dir(self, key: str) -> Iterator[tuple[list[ObjectInfo], list[str]]]:
+        """The directory ``key`` ("" for the root), in pages: (its files, the names of
+        its subdirectories).  A missing directory is empty."""
+
+    def probe(self, key: str) -> tuple[ObjectInfo | None, bool]:
+        """(the object at ``key`` or None, whether ``key`` is a directory)."""
+
     def stat(self, key: str) -> ObjectInfo:
         """Current metadata of one object."""
 

@@ -106,6 +106,19 @@ class PosixBackend:
     def list_all(self) -> Iterator[ObjectInfo]:
         return walk_parallel(self._scan, "", LIST_WORKERS)
 
+    def list_dir(self, key: str) -> Iterator[tuple[list[ObjectInfo], list[str]]]:
+        """One directory as one page: (files, subdirectory names)."""
+        objs, dirs = self._scan(key)
+        yield objs, [d.rpartition("/")[2] for d in dirs]
+
+    def probe(self, key: str) -> tuple[ObjectInfo | None, bool]:
+        try:
+            return self.stat(key), False
+        except NotFound:
+            pass
+        path = self._path(key)
+        return None, os.path.isdir(path) and self._inside(path)
+
     def stat(self, key: str) -> ObjectInfo:
         path = self._path(key)
         try:

@@ -380,6 +380,46 @@ class S3Backend(S3Writes):
         """Breadth-first over '/'-delimited prefixes, LIST_WORKERS at a time."""
         return walk_parallel(self._list_dir, self.prefix, LIST_WORKERS)
 
+    def list_dir(self, key: str) -> Iterator[tuple[list[ObjectInfo], list[str]]]:
+        """One directory, a page (up to 1,000 keys) at a time: (files, subdirectory
+        names).  ListObjectsV2 with '/' as the delimiter."""
+        prefix = self.prefix + (key + "/" if key else "")
+        token = None
+        while True:
+            kw = dict(Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000)
+            if token:
+                kw["ContinuationToken"] = token
+            resp = self._call(f"list s3://{self.bucket}/{prefix}",
+                              lambda kw=kw: self._client.list_objects_v2(**kw))
+            files: list[ObjectInfo] = []
+            for o in resp.get("Contents", []):
+                k = o["Key"][len(self.prefix):]
+                if not k or k.endswith("/"):
+                    continue  # the prefix itself or a "directory marker" object
+                if not valid_key(k):
+                    log.warning("skipping key that cannot be a path: %r", o["Key"])
+                    continue
+                files.append(ObjectInfo(k, int(o["Size"]), o.get("ETag", "").strip('"'),
+                                        o["LastModified"].timestamp()))
+            dirs = [p["Prefix"][len(prefix):].rstrip("/")
+                    for p in resp.get("CommonPrefixes", [])]
+            yield files, [d for d in dirs if d and valid_key(d)]
+            if not resp.get("IsTruncated"):
+                return
+            token = resp["NextContinuationToken"]
+
+    def probe(self, key: str) -> tuple[ObjectInfo | None, bool]:
+        """Is ``key`` an object, a directory (a prefix of objects), or nothing?  A
+        HEAD, then a one-key LIST of KEY/ (a lookup in a directory not listed yet)."""
+        try:
+            return self.stat(key), False
+        except NotFound:
+            pass
+        resp = self._call(f"list s3://{self.bucket}/{self.prefix}{key}/",
+                          lambda: self._client.list_objects_v2(
+                              Bucket=self.bucket, Prefix=f"{self.prefix}{key}/", MaxKeys=1))
+        return None, bool(resp.get("KeyCount") or resp.get("Contents"))
+
     def warm_connections(self, n: int) -> None:
         """Open ~n pooled connections now (n cheap requests at once), so the first reads
         of a job do not each pay a TCP handshake round trip on top of the GET."""

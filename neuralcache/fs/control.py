@@ -2,8 +2,12 @@
 
     stats.json  read   live counters (the JSON of `neuralcache stats --json`)
     hints       write  the job's upcoming read order: one path per line, relative to
-                       the mount root; applied when the writer closes the file; a
-                       malformed hint fails close() with EINVAL and changes nothing
+                       the mount root, written in order from the start; applied when
+                       the writer closes the file (an empty file clears the hints); a
+                       malformed hint fails the write() that carries it with EINVAL
+                       and changes nothing.  Paths are not checked against the
+                       listing (directories are listed as they are used): one that
+                       names nothing is skipped when its turn comes
     trace       read   the access trace ring as JSON Lines (DEVELOPING.md)
     sync        write a command, then read the answer (a --writable mount only):
                        "sync" waits until everything written so far is on the
@@ -28,10 +32,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
 from typing import Callable
 
 import pyfuse3
+from predictors.hints import HintStream
 
 from ..errors import UserError
 
@@ -50,8 +56,9 @@ _SHARED_MODES = {DIR_INODE: 0o555, STATS_INODE: 0o444, HINTS_INODE: 0o622,
 # Extended attributes of regular files (operations.getxattr; read by `neuralcache warm`).
 XATTR_CACHED = "user.neuralcache.cached"      # bytes of the file held by the caches
 XATTR_VERSION = "user.neuralcache.version"    # ETag or size:mtime the next open pins
-# Largest hint file accepted: 64 MiB holds an epoch order of ~1M paths of ~60 bytes.
-MAX_HINT_BYTES = 64 << 20
+# Largest hint file accepted: 1 GiB holds predictors.hints.MAX_HINTS (10 M) paths of
+# ~100 bytes; what the daemon keeps of them is ~12 bytes a path (PackedOrder).
+MAX_HINT_BYTES = 1 << 30
 
 
 def is_control_inode(inode: int) -> bool:
@@ -69,35 +76,56 @@ class ContentHandle:
 
 
 class HintsHandle:
-    def __init__(self, apply: Callable[[list[str]], int], current: bytes):
+    """The hints file open for writing: paths are checked and packed as the writes come
+    (predictors.hints.HintStream, in a worker thread: ``write`` may take ~25 ms per
+    128 KiB), so a bad path fails the write() that carries it with EINVAL and an epoch
+    of a million paths is never held as text; close() installs the order."""
+
+    threaded_write = True       # fs/operations.py runs write() in a worker thread
+
+    def __init__(self, apply: Callable[[object], int], current: bytes, truncate: bool):
         self._apply = apply
-        self._buf = bytearray()
-        self._dirty = False
         self._current = current
+        self._stream: HintStream | None = None
+        self._next = 0              # the offset the next write must start at
+        self._truncate = truncate   # O_TRUNC and nothing written: clear the hints
+        self._lock = threading.Lock()
 
     def read(self, off: int, size: int) -> bytes:
         return self._current[off:off + size]
 
     def write(self, off: int, data: bytes) -> int:
-        if off + len(data) > MAX_HINT_BYTES:
-            raise pyfuse3.FUSEError(errno.EFBIG)
-        if off > len(self._buf):
-            self._buf.extend(b"\0" * (off - len(self._buf)))
-        self._buf[off:off + len(data)] = data
-        self._dirty = True
-        return len(data)
+        with self._lock:
+            self._truncate = False      # written to: not an empty file (even if refused)
+            if off + len(data) > MAX_HINT_BYTES:
+                self._stream = None
+                raise pyfuse3.FUSEError(errno.EFBIG)
+            if off != self._next:
+                self._stream = None
+                raise UserError("hints are written in order from the start of the file "
+                                f"(a write at {off}, expected {self._next})")
+            if self._stream is None:
+                self._stream = HintStream()
+            try:
+                self._stream.feed(bytes(data))
+            except ValueError as exc:     # refused whole: close() changes nothing
+                self._stream, self._next = None, 0
+                raise UserError(f"hints refused: {exc}") from None
+            self._next += len(data)
+            return len(data)
 
     def flush(self) -> None:
-        if not self._dirty:
-            return
-        self._dirty = False
-        try:
-            text = self._buf.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UserError(f"hints are not UTF-8 text: {exc}") from None
-        paths = [ln.strip() for ln in text.splitlines()]
-        paths = [p for p in paths if p]
-        self._apply(paths)
+        with self._lock:
+            stream, self._stream = self._stream, None
+            if stream is not None:
+                try:
+                    order = stream.finish()
+                except ValueError as exc:
+                    raise UserError(f"hints refused: {exc}") from None
+                self._apply(order)
+            elif self._truncate:
+                self._apply([])
+            self._truncate = False
 
 
 class Control:
@@ -164,4 +192,5 @@ class Control:
             return ContentHandle(self._stats())
         if inode == TRACE_INODE:
             return ContentHandle(self._trace())
-        return HintsHandle(self._apply_hints, self._hints_status())
+        return HintsHandle(self._apply_hints, self._hints_status(),
+                           writing and bool(flags & os.O_TRUNC))

@@ -27,6 +27,7 @@ from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChang
                       NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
                       VersionChanged)
 from ..backends.base import NAME_MAX
+from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
@@ -54,6 +55,12 @@ ERRNO: dict[type, int] = {
     FileTooBig: errno.EFBIG,         # a length past the remote's largest object
 }
 
+# The kernel's timeouts when entries never expire (--metadata-ttl 0, a manifest): a
+# day, renewed by every lookup.
+NEVER_S = 86400.0
+# Entries read from the table per step of readdir (the kernel takes ~100-200 per
+# 4 KiB reply page, so one step fills several replies; ~1 ms of the trio thread).
+READDIR_PAGE = 512
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
@@ -101,8 +108,8 @@ class FileHandle:
 
 @dataclass(slots=True)
 class DirHandle:
-    entries: list[tuple[str, Node]] = field(default_factory=list)
-    node: Node | None = None     # the directory (fsyncdir of a writable mount)
+    entries: list = field(default_factory=list)   # the control directory's (name, attrs)
+    node: Node | None = None     # the directory (None: the control directory)
 
 
 class Operations(pyfuse3.Operations):
@@ -110,16 +117,23 @@ class Operations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, ns: Namespace, store: BlockStore, backend, stats: Stats, *,
+    def __init__(self, ns: Namespace, lister, store: BlockStore, backend, stats: Stats, *,
                  metadata_ttl: float, readahead_bytes: int, trace: TraceRing,
                  controls: "control.Control", prefetcher=None,
                  uid: int | None = None, gid: int | None = None, writes=None):
         super().__init__()
         self.ns = ns
+        self.lister = lister          # meta/lister.py: lists directories as they are used
+        lister.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
+            parent, os.fsencode(name), ignore_enoent=True)
+        lister.invalidate_inode = self._invalidate_inode
         self.store = store
         self.backend = backend
         self.stats = stats
-        self.ttl = metadata_ttl
+        # Kernel entry/attribute timeouts and the revalidation age of an open: the
+        # metadata TTL, or a day when entries never expire (--metadata-ttl 0).
+        self.ttl = metadata_ttl if metadata_ttl > 0 else NEVER_S
+        self.revalidate = metadata_ttl > 0
         self.readahead_bytes = readahead_bytes
         self.trace = trace
         self.controls = controls
@@ -138,22 +152,29 @@ class Operations(pyfuse3.Operations):
                 parent, os.fsencode(name), ignore_enoent=True)
 
     # -- attributes ------------------------------------------------------------------
-    def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+    def _attrs(self, node: Node | Row) -> pyfuse3.EntryAttributes:
+        """Attributes of a Node, or of a table row (readdir builds no Node)."""
+        if isinstance(node, Row):
+            ino, is_dir, size, mtime, ctime, removed = (node.ino, node.dir, node.size,
+                                                        node.mtime, node.ctime, node.removed)
+        else:
+            ino, is_dir, size, mtime, ctime, removed = (node.inode, node.is_dir, node.size,
+                                                        node.mtime, node.ctime, node.removed)
         a = pyfuse3.EntryAttributes()
-        a.st_ino = node.inode
+        a.st_ino = ino
         a.generation = 0
         a.entry_timeout = self.ttl
         a.attr_timeout = self.ttl
-        if node.is_dir:
+        if is_dir:
             a.st_mode = stat.S_IFDIR | self.dir_mode
-            a.st_nlink = 2 + sum(1 for c in (node.children or {}).values() if c.is_dir)
+            a.st_nlink = 2 + self.ns.subdirs(ino)
             a.st_size = 0
         else:
             a.st_mode = stat.S_IFREG | self.file_mode
-            a.st_nlink = 0 if node.removed else 1     # unlinked but still open: 0
-            a.st_size = node.size
-        a.st_atime_ns = a.st_mtime_ns = int(node.mtime * 1e9)
-        a.st_ctime_ns = int((node.ctime or node.mtime) * 1e9)
+            a.st_nlink = 0 if removed else 1     # unlinked but still open: 0
+            a.st_size = size
+        a.st_atime_ns = a.st_mtime_ns = int(mtime * 1e9)
+        a.st_ctime_ns = int((ctime or mtime) * 1e9)
         a.st_uid, a.st_gid = self.uid, self.gid
         a.st_blksize = ST_BLKSIZE
         a.st_blocks = (a.st_size + 511) // 512
@@ -164,6 +185,14 @@ class Operations(pyfuse3.Operations):
         self._next_fh += 1
         self._handles[fh] = h
         return fh
+
+    def _invalidate_inode(self, inode: int) -> None:
+        """The object changed on the remote: the kernel drops its cached pages."""
+        self._kernel_version.pop(inode, None)
+        try:
+            pyfuse3.invalidate_inode(inode)
+        except OSError:
+            pass   # the kernel does not know this inode: nothing to drop
 
     # -- lookups -------------------------------------------------------------------
     @_edge
@@ -177,12 +206,14 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if len(name) > NAME_MAX:       # no entry can have it (what ext4 answers)
             raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        if not parent.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
         if sname == ".":
             node = parent
         elif sname == "..":
             node = self.ns.get(parent.parent) or parent
         else:
-            node = self.ns.child(parent_inode, sname)
+            node = await self.lister.lookup(parent, sname)
         if node is None:
             a = pyfuse3.EntryAttributes()   # negative entry, cached for the TTL
             a.st_ino = 0
@@ -245,26 +276,41 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        entries = sorted((node.children or {}).items())
-        return self._new_fh(DirHandle(entries, node))
+        return self._new_fh(DirHandle(node=node))
 
     @_edge
     async def readdir(self, fh, start_id, token):
+        """Streams: the entries listed so far from offset ``start_id`` (an entry's
+        ``seq``: stable while the directory is re-listed), then waits only for the
+        listing's next page.  With readdirplus the kernel keeps each entry it takes."""
         h = self._handles.get(fh)
         if not isinstance(h, DirHandle):
             raise pyfuse3.FUSEError(errno.EBADF)
-        for i in range(start_id, len(h.entries)):
-            name, node = h.entries[i]
-            if isinstance(node, Node):
-                attrs = self._attrs(node)
-            else:                              # a control entry: (name, attrs)
-                attrs = node
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
-                break
-            if isinstance(node, Node):
-                self.ns.remember(node)
-            else:
+        if h.node is None:                     # the control directory: (name, attrs)
+            for i in range(start_id, len(h.entries)):
+                name, attrs = h.entries[i]
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), attrs, i + 1):
+                    break
                 self.controls.remember(attrs.st_ino)
+            return
+        ino, seq, served = h.node.inode, start_id, False
+        if seq == 0:
+            self.lister.crawl(ino)
+        while True:
+            rows = self.ns.page(ino, seq, READDIR_PAGE)
+            if not rows:
+                if served:                      # the kernel comes back for the rest
+                    return
+                if not await self.lister.more(ino, seq):
+                    self.lister.crawl(ino)      # listed now: its subdirectories next
+                    return
+                continue
+            for r in rows:
+                if not pyfuse3.readdir_reply(token, os.fsencode(r.name), self._attrs(r),
+                                             r.seq + 1):
+                    return
+                self.ns.remember_inode(r.ino)
+                seq, served = r.seq + 1, True
 
     @_edge
     async def releasedir(self, fh):
@@ -290,7 +336,7 @@ class Operations(pyfuse3.Operations):
                 return pyfuse3.FileInfo(fh=self._new_fh(wh))
             if self.writes.is_local(node):
                 node.checked = time.monotonic()   # renamed here: the remote lags
-        if time.monotonic() - node.checked > self.ttl:
+        if self.revalidate and time.monotonic() - node.checked > self.ttl:
             await self._revalidate(node)
         key = self.writes.remote_key(node) if self.writes is not None else node.key
         pinned = Pinned(key, node.version, node.size)
@@ -303,7 +349,7 @@ class Operations(pyfuse3.Operations):
         self.trace.record("open", node.key, 0, 0, ctx.pid, node.size)
         if self.prefetcher is not None:
             t0 = cpuacct.clock()
-            self.prefetcher.on_open(node.key, node.size, ctx.pid)
+            self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent)
             cpuacct.charge("ahead", t0)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
@@ -369,6 +415,8 @@ class Operations(pyfuse3.Operations):
         if self.writes is not None and self.writes.owns(h):
             return await self.writes.write(h, off, buf)
         if h is not None and hasattr(h, "write"):
+            if getattr(h, "threaded_write", False):     # the hints file: parsed as it comes
+                return await trio.to_thread.run_sync(h.write, off, buf)
             return h.write(off, buf)
         raise pyfuse3.FUSEError(errno.EROFS)
 
@@ -378,7 +426,7 @@ class Operations(pyfuse3.Operations):
         if self.writes is not None and self.writes.owns(h):
             await self.writes.flush(h)   # close() returns once the journal has it
         elif h is not None and hasattr(h, "flush"):
-            h.flush()      # a malformed hint raises UserError -> EINVAL on close()
+            h.flush()      # installs the hints written (a bad one failed its write())
 
     @_edge
     async def release(self, fh):

@@ -69,6 +69,7 @@ class WriteLayer(NameOps, Barriers):
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
+        self.lister = None     # meta/lister.py's Lister: lists a directory before a change
         self._recent: collections.deque = collections.deque()   # (monotonic, finished Op)
         # Set by the FUSE edge: open handles follow a move's copy (old key,
         # ObjectInfo); the kernel forgets a name changed behind its back (parent
@@ -124,8 +125,8 @@ class WriteLayer(NameOps, Barriers):
     # -- opening ------------------------------------------------------------------------
     async def create(self, parent_inode: int, name: str, flags: int, pid: int
                      ) -> tuple[WriteHandle, Node]:
-        parent = self._dir(parent_inode)
-        existing = parent.children.get(name)
+        parent = await self._listed_dir(parent_inode)
+        existing = self.ns.child(parent_inode, name)
         if existing is not None:
             self._check_create_over(existing, flags)
             h = await self.open(existing, flags | os.O_WRONLY, pid)

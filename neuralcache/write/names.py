@@ -29,6 +29,10 @@ from .opqueue import Op, under
 log = logging.getLogger(__name__)
 
 RENAME_NOREPLACE = 1     # linux/fs.h
+# Finished operations are kept this long for ``claimed_keys``: longer than any listing
+# of one directory takes (a page per round trip: 100 pages of a 100k-entry directory
+# at 60 ms is 6 s).
+RECENT_KEEP_S = 600.0
 RENAME_EXCHANGE = 2
 
 
@@ -46,8 +50,15 @@ class NameOps:
             raise NotADirectory(f"{node.key} is not a directory")
         return node
 
+    async def _listed_dir(self, inode: int) -> Node:
+        """The directory, with all its entries listed (a change needs all of them)."""
+        node = self._dir(inode)
+        await self.lister.ready(node)
+        return node
+
     def _child(self, parent_inode: int, name: str) -> Node:
-        node = self._dir(parent_inode).children.get(name)
+        self._dir(parent_inode)
+        node = self.ns.child(parent_inode, name)
         if node is None:
             raise NotFound(f"{name}: no such file or directory")
         return node
@@ -69,11 +80,12 @@ class NameOps:
     def _keep_parent(self, node: Node) -> None:
         """POSIX keeps a directory whose last entry goes; S3 would not: remember it."""
         parent = self.ns.get(node.parent)
-        if parent is not None and parent.key and len(parent.children or {}) <= 1:
+        if parent is not None and parent.key and len(self.ns.page(parent.inode, 0, 2)) <= 1:
             self.local_dirs.add(parent.key)
 
     # -- unlink, mkdir, rmdir -----------------------------------------------------
     async def unlink(self, parent_inode: int, name: str) -> None:
+        await self._listed_dir(parent_inode)
         node = self._child(parent_inode, name)
         if node.is_dir:
             raise IsADirectory(f"{node.key} is a directory")
@@ -111,8 +123,8 @@ class NameOps:
         return acts, released, new_ops, may_hold
 
     async def mkdir(self, parent_inode: int, name: str) -> Node:
-        parent = self._dir(parent_inode)
-        if name in parent.children:
+        parent = await self._listed_dir(parent_inode)
+        if self.ns.child(parent_inode, name) is not None:
             raise AlreadyExists(f"{_join(parent.key, name)} exists")
         check_name(name)
         check_key(self.backend, _join(parent.key, name), 2)   # room for "/x" below it
@@ -122,10 +134,12 @@ class NameOps:
         return node
 
     async def rmdir(self, parent_inode: int, name: str) -> None:
+        await self._listed_dir(parent_inode)
         node = self._child(parent_inode, name)
         if not node.is_dir:
             raise NotADirectory(f"{node.key} is not a directory")
-        if node.children:
+        await self.lister.ready(node)
+        if self.ns.has_children(node):
             raise DirectoryNotEmpty(f"{node.key} is not empty")
         self._keep_parent(node)
         self.local_dirs.discard(node.key)
@@ -137,9 +151,14 @@ class NameOps:
                      new_name: str, flags: int) -> None:
         if flags & RENAME_EXCHANGE:
             raise InvalidChange("RENAME_EXCHANGE is not supported")
+        await self._listed_dir(old_parent)
         node = self._child(old_parent, old_name)
-        new_parent = self._dir(new_parent_inode)
-        target = new_parent.children.get(new_name)
+        new_parent = await self._listed_dir(new_parent_inode)
+        if node.is_dir:
+            await self.lister.ready_tree(node)      # every file under it moves
+        target = self.ns.child(new_parent_inode, new_name)
+        if target is not None and target.is_dir:
+            await self.lister.ready(target)
         if target is node:
             return
         if target is not None and flags & RENAME_NOREPLACE:
@@ -148,13 +167,13 @@ class NameOps:
         check_name(new_name)
         check_key(self.backend, dst, max((len(f.key.encode("utf-8", "surrogateescape"))
                                           - len(src.encode("utf-8", "surrogateescape"))
-                                          for f in self.ns._subtree(node)), default=0))
+                                          for f in self.ns.subtree(node)), default=0))
         if node.is_dir:
             if under(dst, src):
                 raise InvalidChange(f"cannot move {src} into itself")
             if target is not None and not target.is_dir:
                 raise NotADirectory(f"{dst} is not a directory")
-            if target is not None and target.children:
+            if target is not None and self.ns.has_children(target):
                 raise DirectoryNotEmpty(f"{dst} is not empty")
         elif target is not None and target.is_dir:
             raise IsADirectory(f"{dst} is a directory")
@@ -168,7 +187,7 @@ class NameOps:
             else:
                 acts, released, new_ops, target_held = self._forget_file(target, False)
             self.ns.remove(target)
-        moving = [n for n in self.ns._subtree(node) if not n.is_dir]
+        moving = [n for n in self.ns.subtree(node) if not n.is_dir]
         for f in moving:
             k2 = dst + f.key[len(src):]
             a, r, o = self._move_file(f, f.key, k2, target_held and f is node)
@@ -253,57 +272,28 @@ class NameOps:
     async def fsyncdir(self, node: Node) -> None:
         await self.fsync_key(node.key, tree=True)
 
-    def after_listing(self, started: float) -> None:
-        """The namespace was rebuilt from a listing that began at ``started``
-        (time.monotonic()): apply again what the remote may not show yet."""
-        while self._recent and self._recent[0][0] < started:
+    def claimed_keys(self, since: float) -> set[str]:
+        """Keys a listing begun at ``since`` (time.monotonic()) may show wrong: this
+        mount's files not yet uploaded, its pending and just finished operations, its
+        own directories, and every directory above one of them.  meta/lister.py leaves
+        them as they are when it applies a listing."""
+        keys = set(self.local_dirs) | set(self.moved) | set(self.moved.values())
+        keys.update(lf.key for lf in self.files.values())
+        now = time.monotonic()
+        while self._recent and self._recent[0][0] < now - RECENT_KEEP_S:
             self._recent.popleft()
-        ops = sorted([op for _, op in self._recent] + list(self.queue.ops.values()),
-                     key=lambda o: o.id)
+        # Finished operations count whatever ``since`` says: a listing begun after one
+        # may still show what it changed (a store's deletes that lag, or SeaweedFS's
+        # directory entries that outlive their last object).
+        ops = list(self.queue.ops.values()) + [op for _, op in self._recent]
         for op in ops:
-            self._reapply(op)
-        for lf in self.files.values():
-            try:
-                self.ns.put_file(lf.key, lf.size, lf.version, lf.mtime)
-            except ValueError as exc:
-                log.warning("cannot show %s: %s", lf.key, exc)
-        for d in sorted(self.local_dirs):
-            try:
-                self.ns.make_dirs(d)
-            except ValueError:
-                self.local_dirs.discard(d)
-        self._prune(self.ns.root)
-
-    def _reapply(self, op: Op) -> None:
-        ns = self.ns
-        node = ns.by_path(op.key)
-        if node is not None and (node.is_dir or node.inode in self.files):
-            return
-        if op.kind == "delete":
-            if node is not None:
-                ns.remove(node)
-        elif op.kind == "move":
-            src = ns.by_path(op.src)
-            if src is not None and not src.is_dir and src.inode not in self.files:
-                info = op.result
-                size, version, mtime = (info.size, info.version, info.mtime) if info else \
-                    (src.size, src.version, src.mtime)
-                ns.remove(src)
-                self._put(op.key, size, version, mtime)
-        elif op.result is not None:
-            i = op.result
-            self._put(op.key, i.size, i.version, i.mtime)
-
-    def _put(self, key: str, size: int, version: str, mtime: float) -> None:
-        try:
-            self.ns.put_file(key, size, version, mtime)
-        except ValueError as exc:
-            log.warning("cannot show %s: %s", key, exc)
-
-    def _prune(self, node: Node) -> bool:
-        """Remove directories that hold nothing and were not made here; True if
-        ``node`` is (now) empty."""
-        for child in list((node.children or {}).values()):
-            if child.is_dir and self._prune(child) and child.key not in self.local_dirs:
-                self.ns.remove(child)
-        return not node.children
+            keys.add(op.key)
+            if op.src:
+                keys.add(op.src)
+        for k in list(keys):
+            while "/" in k:
+                k = k.rpartition("/")[0]
+                if k in keys:
+                    break
+                keys.add(k)
+        return keys

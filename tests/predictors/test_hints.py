@@ -13,7 +13,8 @@ def op(path, t=0.0, pid=1):
 
 
 @pytest.mark.parametrize("bad, needle", [
-    (["d/0001.jpg", "d/9999.jpg"], "hint 1"),          # not in the catalog
+    (["d/0001.jpg", "d/../0002.jpg"], "hint 1"),       # not a path inside the mount
+    (["d/0001.jpg", "/d/0002.jpg"], "hint 1"),
     (["d/0001.jpg", ""], "hint 1"),
     (["d/0001.jpg", "d/00\x0002.jpg"], "hint 1"),
     (["d/0001.jpg", 7], "hint 1"),
@@ -77,3 +78,43 @@ def test_hints_can_repeat_paths_for_several_epochs():
 
 def test_parse_hints():
     assert parse_hints("a/b\r\nc\n\n") == ["a/b", "c"]
+
+
+def test_a_hint_naming_nothing_listed_yet_is_taken():
+    """A lazily listed mount cannot check hints against a catalog: they are taken,
+    and one that names nothing is skipped when its turn comes."""
+    p = HintPredictor(CAT)
+    p.set_hints(["d/9999.jpg", P[1]])
+    assert [x.path for x in p.predict(2)] == ["d/9999.jpg", P[1]]
+
+
+def test_stream_checks_and_packs_as_it_comes():
+    from predictors.hints import HintStream
+
+    paths = [f"train/n{d:04d}/img_{i:05d}.jpg" for d in range(50) for i in range(500)]
+    data = ("\r\n".join(paths) + "\r\n\n").encode()
+    hs = HintStream()
+    for off in range(0, len(data), 4099):          # writes cut mid-line
+        hs.feed(data[off:off + 4099])
+    order = hs.finish()
+    assert len(order) == len(paths) and order[0] == paths[0] and order[-1] == paths[-1]
+    assert order.positions(paths[12_345]) == [12_345]
+    assert order.nbytes() < len(data) / 2            # packed
+    for bad, line in [(b"ok\nalso/ok\nx/../y\n", 2), (b"a\n/abs\n", 1), (b"a\0b\n", 0),
+                      (b"d/.\n", 0), (b"a//b\n", 0)]:
+        with pytest.raises(ValueError, match=f"hint {line}"):
+            HintStream().feed(bad)
+    hs = HintStream()
+    hs.feed(b"d/.hidden\nlast-without-newline")
+    assert list(hs.finish()) == ["d/.hidden", "last-without-newline"]
+
+
+def test_packed_order_cursor_consumes_like_a_list():
+    from predictors.order import OrderCursor, PackedOrder
+
+    order = [f"p{i % 3000}" for i in range(9000)]       # three epochs of one order
+    a, b = OrderCursor(order), OrderCursor(PackedOrder(order))
+    for i in [0, 2, 1, 5, 3, 4, 3000, 7000, 7001, 6]:
+        assert a.consume(order[i]) == b.consume(order[i]), i
+    assert a.upcoming(20) == b.upcoming(20)
+    assert a.consume("not-there") is None and b.consume("not-there") is None

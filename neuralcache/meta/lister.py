@@ -1,0 +1,389 @@
+"""Listing directories as the job looks into them (issue 19): lazy, per directory, in
+the background, never on the trio thread.
+
+* A directory is listed when it is first looked into (a lookup, opendir or readdir),
+  not at mount: the backend's ``list_dir`` runs in a worker thread and each page it
+  returns is added to the namespace on the trio thread (one insert of <= 1,000 rows,
+  ~5 ms).  A lookup waits for the first page; in a directory still being listed past
+  that (a flat directory of 100k objects) a name not seen yet is asked of the remote
+  directly (``probe``: HEAD, then a one-key LIST of NAME/) instead of waiting for the
+  whole listing, and a "no" is remembered (``NEGATIVE_MAX``).  ``readdir`` streams:
+  it serves the entries listed so far and waits only for the next page.
+* Each directory has its own TTL.  A lookup or readdir in a directory whose listing is
+  older than ``ttl`` starts a refresh in the background and answers from the old
+  entries meanwhile (stale-while-revalidate).  The refresh lists the directory in a
+  thread, compares it with the entries in chunks, and applies only what changed,
+  telling the kernel about exactly those names and inodes.  A --writable mount's own
+  changes win over a listing that does not show them yet (``WriteLayer.claims``).
+* The subdirectories a readdir shows are listed ahead, ``CRAWL_AHEAD`` at a time (the
+  next readdir of ``find``, ``ls -R`` or a loader's directory walk is then served
+  from the table: one round trip per level of the tree instead of one per directory).
+* Directories nobody used for ``IDLE_EVICT_S`` whose entries the kernel does not
+  hold are evicted (their rows deleted; a later look lists them again), so the table
+  follows the job rather than everything ever listed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import lru
+import trio
+
+from ..backends.base import ObjectInfo
+from ..errors import NotFound
+from ..namespace import Namespace, Node
+
+log = logging.getLogger(__name__)
+
+# Worker threads listing at once (a LIST round trip each): as many as the old
+# mount-time listing used (backends/s3.py LIST_WORKERS).
+LIST_THREADS = 16
+# Subdirectories listed ahead of a readdir at once (a share of LIST_THREADS, so that
+# a job's own listings always find a thread).
+CRAWL_AHEAD = 8
+# Rows compared per step of a refresh (~10 ms of the trio thread each).
+DIFF_CHUNK = 2000
+# Names a probe found missing, remembered until the directory's listing completes (a
+# loader asking again and again for a file that is not there costs one HEAD).
+NEGATIVE_MAX = 100_000
+# A directory unused this long whose entries the kernel does not hold is evicted.
+# An hour: longer than an epoch's pass over a directory on any dataset we measured,
+# so a training job never re-lists what it reads every epoch.
+IDLE_EVICT_S = 3600.0
+EVICT_EVERY_S = 60.0
+
+
+class Listing:
+    """One listing of one directory in progress."""
+
+    def __init__(self, refresh: bool):
+        self.refresh = refresh
+        self.first_page = trio.Event()
+        self.done = trio.Event()
+        self.progress = trio.Event()    # replaced after each page
+        self.error: BaseException | None = None
+
+
+class Lister:
+    def __init__(self, ns: Namespace, backend, *, ttl: float):
+        self.ns = ns
+        self.backend = backend
+        self.ttl = ttl                      # 0 or less: never refresh
+        self.writes = None                  # a --writable mount's WriteLayer
+        # Set by the FUSE edge: tell the kernel a name or an inode changed.
+        self.invalidate_entry = lambda parent, name: None
+        self.invalidate_inode = lambda inode: None
+        self._threads = trio.CapacityLimiter(LIST_THREADS)
+        self._crawl = trio.CapacityLimiter(CRAWL_AHEAD)
+        self._nursery: trio.Nursery | None = None
+        self._negative = lru.LRU(NEGATIVE_MAX)
+        self.on_listed = None               # callback(dir_inode): a listing completed
+        # counters (stats.json: metadata_*)
+        self.listings = 0
+        self.refreshes = 0
+        self.pages = 0
+        self.probes = 0
+        self.evictions = 0
+        self.errors = 0
+
+    async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as n:
+            self._nursery = n
+            task_status.started()
+            while True:
+                await trio.sleep(EVICT_EVERY_S)
+                await self.evict_idle(time.monotonic() - IDLE_EVICT_S)
+
+    def stats(self) -> dict:
+        ns = self.ns
+        return {"metadata_entries": len(ns), "metadata_db_bytes": ns.rows.file_bytes(),
+                "metadata_cache_limit": ns.rows.cache_bytes,
+                "metadata_dirs_listed": sum(1 for d in ns.dirs.values() if d.complete),
+                "metadata_listings": self.listings, "metadata_refreshes": self.refreshes,
+                "metadata_pages": self.pages, "metadata_probes": self.probes,
+                "metadata_evictions": self.evictions, "metadata_errors": self.errors}
+
+    # -- what the edge asks --------------------------------------------------------------
+    async def lookup(self, parent: Node, name: str) -> Node | None:
+        """The entry ``name`` of directory ``parent``, listing it first if needed."""
+        d = self.ns.dirs[parent.inode]
+        d.used_at = time.monotonic()
+        if d.complete:
+            self._maybe_refresh(parent.inode)
+            return self.ns.child(parent.inode, name)
+        node = self.ns.child(parent.inode, name)
+        if node is not None:
+            return node
+        listing = self._start(parent.inode)
+        await listing.first_page.wait()
+        node = self.ns.child(parent.inode, name)
+        if node is not None or d.complete:
+            return node
+        if listing.error is not None:
+            raise listing.error
+        return await self._probe(parent, name)
+
+    async def ready(self, node: Node) -> None:
+        """Until ``node``'s entries are all in the table (a --writable mount changes
+        a directory only once it knows all of it)."""
+        d = self.ns.dirs.get(node.inode)
+        if d is None:
+            return
+        d.used_at = time.monotonic()
+        if not d.complete:
+            listing = self._start(node.inode)
+            await listing.done.wait()
+            if listing.error is not None and not d.complete:
+                raise listing.error
+
+    async def ready_tree(self, node: Node) -> None:
+        """Everything under ``node`` listed (before a directory is renamed)."""
+        todo = [node]
+        while todo:
+            n = todo.pop()
+            await self.ready(n)
+            todo.extend(c for c in self.ns.children(n) if c.is_dir)
+
+    async def more(self, dir_inode: int, from_seq: int) -> bool:
+        """readdir has served the entries before ``from_seq``: wait until the listing
+        adds more or ends; False once nothing more will come."""
+        d = self.ns.dirs.get(dir_inode)
+        if d is None:
+            return False
+        d.used_at = time.monotonic()
+        if d.complete:
+            self._maybe_refresh(dir_inode)
+            return False
+        listing = self._start(dir_inode)
+        await listing.progress.wait()
+        return not (listing.done.is_set() and listing.error is not None)
+
+    def want(self, dir_inode: int) -> None:
+        """Something (the prefetcher, for a hinted path) needs this directory listed:
+        start listing it if nobody has, without waiting."""
+        d = self.ns.dirs.get(dir_inode)
+        if d is not None and not d.complete and d.listing is None \
+                and self._nursery is not None:
+            self._start(dir_inode)
+
+    def crawl(self, dir_inode: int) -> None:
+        """A readdir of this directory is under way: list its subdirectories ahead."""
+        if self._nursery is not None:
+            for n in self.ns.children_dirs(dir_inode):
+                d = self.ns.dirs.get(n)
+                if d is not None and not d.complete and d.listing is None:
+                    self._nursery.start_soon(self._crawl_one, n)
+
+    async def _crawl_one(self, dir_inode: int) -> None:
+        async with self._crawl:
+            d = self.ns.dirs.get(dir_inode)
+            if d is not None and not d.complete:
+                await self._start(dir_inode).done.wait()
+
+    # -- listing ------------------------------------------------------------------------
+    def _start(self, dir_inode: int, refresh: bool = False) -> Listing:
+        d = self.ns.dirs[dir_inode]
+        if d.listing is None:
+            d.listing = Listing(refresh)
+            assert self._nursery is not None, "Lister.run is not running"
+            self._nursery.start_soon(self._list if not refresh else self._refresh,
+                                     dir_inode, d.listing)
+        return d.listing
+
+    def _maybe_refresh(self, dir_inode: int) -> None:
+        d = self.ns.dirs[dir_inode]
+        if self.ttl > 0 and d.listing is None and \
+                time.monotonic() - d.listed_at > self.ttl:
+            self._start(dir_inode, refresh=True)
+
+    async def _list(self, dir_inode: int, listing: Listing) -> None:
+        """First listing: each page goes into the table as it comes."""
+        d = self.ns.dirs[dir_inode]
+        key, started = d.key, time.monotonic()
+        self.listings += 1
+
+        def apply(page: tuple[list[ObjectInfo], list[str]], last: bool) -> None:
+            if self.ns.dirs.get(dir_inode) is not d:
+                return                       # removed meanwhile
+            self.ns.add_listing(dir_inode, page[0], page[1], started)
+            self.pages += 1
+            if last:                         # complete before anyone wakes up
+                d.complete, d.listed_at, d.foreign = True, started, 0
+            listing.first_page.set()
+            listing.progress.set()
+            listing.progress = trio.Event()
+
+        def pages() -> None:
+            # One page of look-ahead, so that the last page is known as the last when
+            # it is added (a lookup woken by it must not probe a complete directory).
+            it = iter(self.backend.list_dir(key))
+            page = next(it, None)
+            while page is not None:
+                nxt = next(it, None)
+                trio.from_thread.run_sync(apply, page, nxt is None)
+                page = nxt
+
+        try:
+            await trio.to_thread.run_sync(pages, limiter=self._threads)
+            d.complete, d.listed_at, d.foreign = True, started, 0
+            self._negative_clear(dir_inode)
+            self._prune_if_empty(dir_inode, d)
+            if self.on_listed is not None:
+                self.on_listed(dir_inode)
+        except Exception as exc:  # the waiting lookups get it (-> errno), the rest logs
+            self.errors += 1
+            listing.error = exc if not isinstance(exc, NotFound) else None
+            if isinstance(exc, NotFound):     # gone: an empty directory until refreshed
+                d.complete, d.listed_at = True, started
+            else:
+                log.warning("listing %s/ failed: %s", key, exc)
+        finally:
+            d.listing = None
+            listing.first_page.set()
+            listing.done.set()
+            listing.progress.set()
+
+    async def _refresh(self, dir_inode: int, listing: Listing) -> None:
+        """A listing older than the TTL: list again in the background, apply changes."""
+        d = self.ns.dirs[dir_inode]
+        key, started = d.key, time.monotonic()
+        self.refreshes += 1
+
+        def collect() -> dict[str, ObjectInfo | None]:
+            now: dict[str, ObjectInfo | None] = {}
+            for files, dirs in self.backend.list_dir(key):
+                for o in files:
+                    now.setdefault(o.key.rpartition("/")[2], o)
+                for name in dirs:
+                    now[name] = None          # a directory (wins over an object)
+            return now
+
+        try:
+            remote = await trio.to_thread.run_sync(collect, limiter=self._threads)
+            if self.ns.dirs.get(dir_inode) is d:
+                await self._apply_diff(dir_inode, d, remote, started)
+                d.listed_at = started
+        except Exception as exc:  # keep serving the old entries
+            self.errors += 1
+            log.warning("re-listing %s/ failed (%s); keeping the old entries", key, exc)
+            d.listed_at = time.monotonic() - self.ttl / 2     # try again in half a TTL
+        finally:
+            d.listing = None
+            listing.first_page.set()
+            listing.done.set()
+            listing.progress.set()
+
+    async def _apply_diff(self, dir_inode: int, d, remote: dict, started: float) -> None:
+        """Make the directory's entries what ``remote`` (name -> ObjectInfo, or None for
+        a directory) says, a chunk at a time.  Entries this mount changed since the
+        listing began (``checked`` later than ``started``) or still holds in its
+        journal (``claimed_keys``, asked again before each chunk) are left alone."""
+        ns = self.ns
+        gone = changed = added = 0
+        seq = 0
+        while True:
+            rows = ns.page(dir_inode, seq, DIFF_CHUNK)
+            claims = self._claims(started)
+            for r in rows:
+                new = remote.pop(r.name, "absent")
+                if r.checked > started or claims(f"{d.key}/{r.name}" if d.key else r.name):
+                    continue
+                node = ns.get(r.ino)
+                if new == "absent" or (new is None) != bool(r.dir):
+                    ns.remove(node)
+                    self.invalidate_entry(dir_inode, r.name)
+                    gone += 1
+                    if new != "absent":
+                        remote[r.name] = new          # replaced by another kind: re-add
+                elif new is not None and (new.version != r.version or new.size != r.size):
+                    ns.update_object(node, new)
+                    log.info("%s changed on the remote (new version %s)", node.key,
+                             new.version)
+                    self.invalidate_inode(r.ino)
+                    changed += 1
+            if len(rows) < DIFF_CHUNK:
+                break
+            seq = rows[-1].seq + 1
+            await trio.sleep(0)
+        items = list(remote.items())
+        for i in range(0, len(items), 1000):
+            claims = self._claims(started)
+            part = [(n, o) for n, o in items[i:i + 1000]
+                    if not claims(f"{d.key}/{n}" if d.key else n)]
+            d.foreign += 1                     # names may exist (made here meanwhile)
+            added += ns.add_listing(dir_inode, [o for _, o in part if o is not None],
+                                    [n for n, o in part if o is None], started)
+            d.foreign -= 1
+            for name, _ in part:
+                self.invalidate_entry(dir_inode, name)    # a cached "no such entry"
+            await trio.sleep(0)
+        if gone or changed or added:
+            log.info("re-listed %s/: %d new, %d gone, %d changed", d.key, added, gone,
+                     changed)
+
+    def _prune_if_empty(self, dir_inode: int, d) -> None:
+        """A prefix with nothing valid under it (only keys that cannot be paths, or a
+        store's leftover directory entry) is not a directory: it goes once listed."""
+        if dir_inode == 1 or self.ns.rows.has_children(dir_inode) or \
+                self._claims(0.0)(d.key):
+            return
+        node = self.ns.get(dir_inode)
+        if node is not None and not node.removed:
+            parent = node.parent
+            self.ns.remove(node)
+            self.invalidate_entry(parent, node.name)
+
+    def _claims(self, since: float):
+        if self.writes is None:
+            return lambda key: False
+        return self.writes.claimed_keys(since).__contains__
+
+    # -- a name in a directory still being listed -------------------------------------------
+    async def _probe(self, parent: Node, name: str) -> Node | None:
+        if (parent.inode, name) in self._negative:
+            return None
+        d = self.ns.dirs[parent.inode]
+        key = f"{d.key}/{name}" if d.key else name
+        self.probes += 1
+        info, is_dir = await trio.to_thread.run_sync(self.backend.probe, key,
+                                                     limiter=self._threads)
+        node = self.ns.child(parent.inode, name)     # the listing may have got there
+        if node is not None or self.ns.dirs.get(parent.inode) is not d:
+            return node
+        if info is None and not is_dir:
+            if not d.complete:
+                self._negative[(parent.inode, name)] = True
+            return None
+        return self.ns.add_found(parent.inode, name, info, is_dir)
+
+    def _negative_clear(self, dir_inode: int) -> None:
+        if len(self._negative):
+            for k in [k for k in self._negative.keys() if k[0] == dir_inode]:
+                del self._negative[k]
+
+    # -- eviction -----------------------------------------------------------------------------
+    async def evict_idle(self, before: float) -> int:
+        """Drop the entries of directories unused since ``before`` (monotonic) that
+        the kernel does not hold and that hold no listed subdirectory; returns how
+        many directories."""
+        ns, n = self.ns, 0
+        for ino, d in list(ns.dirs.items()):
+            if not d.complete or d.listing is not None or d.used_at >= before or ino == 1:
+                continue
+            if ns.rows.held_below(ino) or self._pinned(d.key):
+                continue
+            subs = ns.children_dirs(ino)
+            if any(ns.dirs.get(s) is not None and (ns.dirs[s].complete or
+                                                  ns.rows.has_children(s)) for s in subs):
+                continue                      # leaves first: a later sweep takes it
+            ns.evict_listing(ino)
+            n += 1
+            await trio.sleep(0)
+        self.evictions += n
+        if n:
+            log.info("evicted the listings of %d idle directories", n)
+        return n
+
+    def _pinned(self, key: str) -> bool:
+        return self.writes is not None and key in self.writes.claimed_keys(0.0)
