@@ -103,9 +103,14 @@ class Prefetcher:
         self._catalog_at = 0.0
         self._catalog_stale = False
         self.lister = None       # meta/lister.py: lists a directory a prediction is in
+        self._listing_for_prediction: set[int] = set()
 
     def listed(self, dir_inode: int) -> None:
         """meta/lister.py: a directory's listing completed (or was refreshed)."""
+        if dir_inode in self._listing_for_prediction:     # its predictions can go now
+            self._listing_for_prediction.discard(dir_inode)
+            self._skip = self._backoff = 0
+            self._pump()
         if dir_inode in self._wanted_dirs or dir_inode in self._catalog_dirs:
             self._wanted_dirs.discard(dir_inode)
             self._catalog_dirs.add(dir_inode)
@@ -249,6 +254,7 @@ class Prefetcher:
             node, unlisted = self.ns.resolve(p.path)
             if node is None:
                 if unlisted is not None and self.lister is not None:
+                    self._listing_for_prediction.add(unlisted)
                     self.lister.want(unlisted)    # a hinted path in a directory not seen
                 continue
             if node.is_dir or node.removed:

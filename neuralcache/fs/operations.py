@@ -382,6 +382,8 @@ class Operations(pyfuse3.Operations):
         except NotFound:
             if h.pinned is p:
                 st.read_errors += 1
+                log.warning("%s: listed, but the remote has no such object now (deleted "
+                            "since it was listed, or a manifest out of date)", p.key)
                 raise
             # Renamed here while this read waited: the move copied the object to its
             # new key and deleted the old one (write/names.py _moved).  Read the copy.
@@ -391,6 +393,11 @@ class Operations(pyfuse3.Operations):
             except Exception:
                 st.read_errors += 1
                 raise
+        except VersionChanged:
+            st.read_errors += 1
+            log.warning("%s: changed on the remote since it was opened (version %s): "
+                        "ESTALE; open it again for the new version", p.key, p.version)
+            raise
         except Exception:
             st.read_errors += 1
             raise

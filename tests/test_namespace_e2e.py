@@ -1,0 +1,168 @@
+"""Metadata at scale through real mounts (issue 19): nothing listed at mount, a
+directory listed when first used, changes on the remote seen after the TTL without a
+request waiting for the listing, mounts from a manifest (also one that disagrees with
+the bucket), and the hints of an epoch naming directories never listed."""
+import errno
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli, \
+    upload_tree
+from test_e2e import stats
+
+pytestmark = [needs_fuse, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def tree(s3):
+    bucket = new_bucket(s3)
+    files = {f"train/c{d:02d}/img{i:03d}.jpg": payload(d * 100 + i, 1000 + i)
+             for d in range(12) for i in range(30)}
+    files["val/x.jpg"] = b"val"
+    upload_tree(s3, bucket, files)
+    return bucket, files
+
+
+def nc_mount(seaweed, bucket, tmp_path, *args, name="mnt"):
+    return mounted(f"s3://{bucket}", tmp_path / name, env=cli_env(seaweed),
+                   cache_dir=tmp_path / f"{name}-cache",
+                   args=["--endpoint-url", seaweed.endpoint, *args])
+
+
+def test_nothing_is_listed_at_mount_and_a_directory_when_used(seaweed, tree, tmp_path):
+    bucket, files = tree
+    with nc_mount(seaweed, bucket, tmp_path) as mp:
+        s = stats(mp)
+        assert s["metadata_listings"] == 0 and s["files"] == 0       # mount listed nothing
+        assert (mp / "train/c03/img007.jpg").read_bytes() == files["train/c03/img007.jpg"]
+        s = stats(mp)
+        assert s["metadata_listings"] == 3                        # root, train, train/c03
+        assert s["files"] == 30
+        with pytest.raises(FileNotFoundError):                    # a negative answer
+            os.stat(mp / "train/c03/nope.jpg")
+        assert sorted(os.listdir(mp / "train")) == [f"c{d:02d}" for d in range(12)]
+        got = {str(p.relative_to(mp)): p.read_bytes() for p in mp.rglob("*") if p.is_file()}
+        assert {k: digest(v) for k, v in got.items()} == {k: digest(v) for k, v in files.items()}
+        assert os.stat(mp / "train").st_nlink == 2 + 12
+
+
+def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp_path):
+    bucket = new_bucket(s3)
+    upload_tree(s3, bucket, {f"d/{i:04d}": b"x" for i in range(3000)} | {"d/gone": b"g"})
+    with nc_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "1") as mp:
+        assert len(os.listdir(mp / "d")) == 3001
+        assert (mp / "d/gone").read_bytes() == b"g"
+        s3.delete_object(Bucket=bucket, Key="d/gone")
+        s3.put_object(Bucket=bucket, Key="d/new", Body=b"new")
+        s3.put_object(Bucket=bucket, Key="d/0005", Body=b"changed")
+        longest, seen_new = 0.0, False
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not seen_new:
+            for i in range(0, 3000, 97):
+                t0 = time.monotonic()
+                os.stat(mp / f"d/{i:04d}")
+                longest = max(longest, time.monotonic() - t0)
+            seen_new = os.path.exists(mp / "d/new")
+            time.sleep(0.05)
+        assert seen_new and not os.path.exists(mp / "d/gone")
+        assert (mp / "d/new").read_bytes() == b"new"
+        assert (mp / "d/0005").read_bytes() == b"changed"
+        assert stats(mp)["metadata_refreshes"] >= 1
+        # 3,001 entries re-listed and compared more than once: no stat() waited for it
+        assert longest < 0.5, longest
+
+
+def test_manifest_mounts_without_listing_and_says_when_it_disagrees(seaweed, s3, tree,
+                                                                      tmp_path):
+    bucket, files = tree
+    env = cli_env(seaweed)
+    man = tmp_path / "listing.ncm"
+    r = run_cli("manifest", "export", f"s3://{bucket}", man, "--endpoint-url",
+                seaweed.endpoint, env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {len(files)} entries" in r.stderr
+    # the bucket changes after the export: one object deleted, one replaced, one added
+    s3.delete_object(Bucket=bucket, Key="train/c00/img000.jpg")
+    s3.put_object(Bucket=bucket, Key="train/c00/img001.jpg", Body=b"replaced")
+    s3.put_object(Bucket=bucket, Key="train/c00/zzz-new.jpg", Body=b"not in the manifest")
+    try:
+        with nc_mount(seaweed, bucket, tmp_path, "--manifest", man) as mp:
+            names = sorted(os.listdir(mp / "train/c00"))
+            assert names == [f"img{i:03d}.jpg" for i in range(30)]    # the manifest's
+            assert stats(mp)["metadata_listings"] >= 2
+            assert (mp / "train/c05/img010.jpg").read_bytes() == files["train/c05/img010.jpg"]
+            with pytest.raises(OSError) as e:
+                (mp / "train/c00/img000.jpg").read_bytes()
+            assert e.value.errno == errno.ENOENT                      # gone since
+            with pytest.raises(OSError) as e:
+                (mp / "train/c00/img001.jpg").read_bytes()
+            assert e.value.errno == errno.ESTALE                      # changed since
+            log = (tmp_path / "mnt-cache" / "neuralcache.log").read_text()
+            assert "no such object" in log and "changed on the remote" in log
+            r = run_cli("manifest", "export", mp, tmp_path / "again.ncm", env=env)
+            assert r.returncode == 0, r.stderr
+            r = run_cli("manifest", "show", tmp_path / "again.ncm", env=env)
+            assert f"entries {len(files)}" in r.stdout
+    finally:
+        s3.put_object(Bucket=bucket, Key="train/c00/img000.jpg",
+                      Body=files["train/c00/img000.jpg"])
+        s3.put_object(Bucket=bucket, Key="train/c00/img001.jpg",
+                      Body=files["train/c00/img001.jpg"])
+        s3.delete_object(Bucket=bucket, Key="train/c00/zzz-new.jpg")
+
+
+def test_manifest_errors_are_one_line(seaweed, tree, tmp_path):
+    bucket, _ = tree
+    env = cli_env(seaweed)
+    bad = tmp_path / "bad.ncm"
+    bad.write_bytes(b"not a manifest at all")
+    (tmp_path / "m").mkdir()
+    for args, word in [(["--manifest", bad], "not a NeuralCache manifest"),
+                       (["--manifest", tmp_path / "nope.ncm"], "does not exist"),
+                       (["--manifest", bad, "--writable"], "read-only")]:
+        r = run_cli("mount", f"s3://{bucket}", tmp_path / "m", "--endpoint-url",
+                    seaweed.endpoint, "--cache-dir", tmp_path / "c", *args, env=env)
+        assert r.returncode == 1 and r.stderr.count("\n") == 1 and word in r.stderr, r.stderr
+    listing = tmp_path / "l.tsv"
+    listing.write_text("b/x\t1\na/y\t2\n")
+    r = run_cli("manifest", "import", listing, tmp_path / "o.ncm", env=env)
+    assert r.returncode == 1 and "out of order" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_hints_name_directories_never_listed(seaweed, tree, tmp_path):
+    """An epoch's order handed over before anything was listed: the mount takes it,
+    lists the directories it names as their turn comes and prefetches from them."""
+    bucket, files = tree
+    order = [k for k in sorted(files) if k.startswith("train/c07/")]
+    with nc_mount(seaweed, bucket, tmp_path) as mp:
+        (mp / ".neuralcache" / "hints").write_text("\n".join(order) + "\n")
+        assert stats(mp)["hints"] == len(order)
+        deadline = time.monotonic() + 20
+        while stats(mp)["prefetch_bytes_fetched"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert stats(mp)["prefetch_bytes_fetched"] > 0
+        for k in order:
+            assert (mp / k).read_bytes() == files[k]
+        assert stats(mp)["prefetch_bytes_used"] > 0
+
+
+def test_huge_flat_directory_streams_and_ls_l_makes_no_head_per_entry(seaweed, s3, tmp_path):
+    bucket = new_bucket(s3)
+    n = 5000
+    upload_tree(s3, bucket, {f"flat/{i:06d}.jpg": b"x" * (i % 7) for i in range(n)})
+    with nc_mount(seaweed, bucket, tmp_path) as mp:
+        before = stats(mp)["backend_requests"]
+        r = subprocess.run(["ls", "-l", str(mp / "flat")], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.count("\n") == n + 1
+        s = stats(mp)
+        assert s["metadata_pages"] >= n // 1000
+        assert s["backend_requests"] - before == 0       # attributes from the listing
+        # a lookup racing the listing of a directory in progress answers at once
+        t = threading.Thread(target=os.listdir, args=(mp / "flat",))
+        t.start()
+        assert os.stat(mp / "flat/004999.jpg").st_size == 4999 % 7
+        t.join()
