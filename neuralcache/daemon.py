@@ -48,8 +48,8 @@ PREFETCH_BUDGET_FRACTION = 0.5
 # requests several at a time (measured on a sequential dd from the memory tier:
 # see README "Performance").  Needs root; skipped with a debug line otherwise.
 KERNEL_READAHEAD_KB = 16384
-# Connections opened at mount (see S3Backend.warm_connections): enough for the first
-# burst of a job's loader workers.
+# Connections opened once the mount serves (see S3Backend.warm_connections): enough for
+# the first burst of a job's loader workers.
 WARM_CONNECTIONS = 32
 # glibc malloc arenas (see _limit_malloc_arenas).
 MALLOC_ARENAS = 2
@@ -233,9 +233,6 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         writes.lister, lister.writes = lister, writes
     log.info("disk cache has %d blocks (loaded in %.1f s); directories are listed as "
              "they are used", nblocks, time.monotonic() - t0)
-    if hasattr(backend, "warm_connections"):
-        await trio.to_thread.run_sync(backend.warm_connections,
-                                      min(cfg.concurrency, WARM_CONNECTIONS))
     mem = MemoryTier(cfg.memory_cache_size)
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)
@@ -331,6 +328,9 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                     n.start_soon(_memory_report_on_sigusr1)
                 if cfg.readahead:
                     n.start_soon(trio.to_thread.run_sync, _tune_kernel_readahead, mp)
+                if hasattr(backend, "warm_connections"):    # after ready: not on the way
+                    n.start_soon(trio.to_thread.run_sync, backend.warm_connections,
+                                 min(cfg.concurrency, WARM_CONNECTIONS))
                 log.info("serving %s on %s (ready in %.1f s)%s", cfg.source, mp,
                          time.monotonic() - t0, " writable" if writes else "")
                 on_ready(None)

@@ -42,7 +42,7 @@ from bench.systems.mounts import neuralcache_binary
 from bench.systems.registry import make_system
 from bench.wan import WanProxyProcess
 
-BUCKET = "ns"
+BUCKET = "namespace"   # S3 bucket names are 3-63 characters
 SYSTEMS = ("neuralcache", "rclone", "s3fs")
 # Seconds of stat() on never-seen files while the listings refresh (TTL REFRESH_TTL_S).
 REFRESH_S = 12.0
