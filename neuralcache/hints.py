@@ -61,6 +61,8 @@ def publish_order(mountpoint: str, paths: Iterable[str]) -> int:
     try:
         with open(os.path.join(root, CONTROL_DIR, "hints"), "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())   # installed when this returns (close() may not wait)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             raise HintError("the mount refused the hints: every path must be relative to "

@@ -81,6 +81,17 @@ def delete_bucket(s3, name: str) -> None:
     s3.delete_bucket(Bucket=name)
 
 
+def eventually(check, timeout: float = 5.0, every: float = 0.05):
+    """``check()`` until it is true (returned), else the last value after ``timeout``
+    (for what the daemon does right after a close(): FUSE's RELEASE is asynchronous)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = check()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(every)
+
+
 def payload(seed: int, size: int) -> bytes:
     return random.Random(seed).randbytes(size)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import cli_env, mounted, needs_fuse, new_bucket, upload_tree
+from conftest import cli_env, eventually, mounted, needs_fuse, new_bucket, upload_tree
 
 pytestmark = [needs_fuse, pytest.mark.e2e,
               pytest.mark.skipif(os.getuid() != 0 or not shutil.which("setpriv"),
@@ -58,7 +58,7 @@ def test_allow_other_lets_other_users_read_stats_and_write_hints(seaweed, bucket
         assert json.loads(r.stdout)["source"] == f"s3://{bucket}"
         r = as_nobody("sh", "-c", f"printf 'd/b.bin\\nd/a.bin\\n' > '{ctl}/hints'")
         assert r.returncode == 0, r.stderr
-        assert json.loads((ctl / "stats.json").read_text())["hints"] == 2
+        assert eventually(lambda: json.loads((ctl / "stats.json").read_text())["hints"] == 2)
         r = as_nobody("cat", str(ctl / "trace"))          # 0400: the owner's only
         assert r.returncode != 0 and "Permission denied" in r.stderr
         r = as_nobody("cat", str(mp / "d/a.bin"))

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli, \
     upload_tree
+from neuralcache.hints import publish_order
 from test_e2e import stats
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
@@ -139,7 +140,7 @@ def test_hints_name_directories_never_listed(seaweed, tree, tmp_path):
     bucket, files = tree
     order = [k for k in sorted(files) if k.startswith("train/c07/")]
     with nc_mount(seaweed, bucket, tmp_path) as mp:
-        (mp / ".neuralcache" / "hints").write_text("\n".join(order) + "\n")
+        publish_order(str(mp), order)                 # returns once installed (fsync)
         assert stats(mp)["hints"] == len(order)
         deadline = time.monotonic() + 20
         while stats(mp)["prefetch_bytes_fetched"] == 0 and time.monotonic() < deadline:

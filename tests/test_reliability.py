@@ -19,7 +19,7 @@ from bench.servers.seaweed import SeaweedServer
 from bench.tools.soak import random_reads
 from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxy
-from conftest import (cli_env, digest, mounted, needs_fuse, new_bucket, payload,
+from conftest import (cli_env, digest, eventually, mounted, needs_fuse, new_bucket, payload,
                       run_cli, upload_tree)
 from neuralcache.store.tiers import DiskTier
 
@@ -177,6 +177,7 @@ def test_bad_hints_change_nothing(seaweed, fault_bucket, tmp_path):
                  cache_dir=tmp_path / "c", args=["--endpoint-url", seaweed.endpoint]) as mp:
         hints = mp / ".neuralcache" / "hints"
         hints.write_text("f/00.bin\nf/01.bin\n")
+        assert eventually(lambda: stats(mp)["hints"] == 2)
         for bad in (b"f/00.bin\n\xff\xfe\n", b"../../etc/passwd\n", b"f/00.bin\x00x\n",
                     b"f//00.bin\n", b"/etc/passwd\n"):
             with pytest.raises(OSError) as e:

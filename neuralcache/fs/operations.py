@@ -429,8 +429,14 @@ class Operations(pyfuse3.Operations):
 
     @_edge
     async def flush(self, fh):
+        """close(): a writable mount journals the file here.  A read-only mount has
+        nothing to do on close(), so it answers ENOSYS once and the kernel stops
+        sending FLUSH for the whole mount (fc->no_flush): one request less per file.
+        The hints file is installed at fsync() or release instead."""
         h = self._handles.get(fh)
-        if self.writes is not None and self.writes.owns(h):
+        if self.writes is None:
+            raise pyfuse3.FUSEError(errno.ENOSYS)
+        if self.writes.owns(h):
             await self.writes.flush(h)   # close() returns once the journal has it
         elif h is not None and hasattr(h, "flush"):
             h.flush()      # installs the hints written (a bad one failed its write())
@@ -440,6 +446,11 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if self.writes is not None and self.writes.owns(h):
             await self.writes.release(h)
+        elif h is not None and hasattr(h, "flush"):
+            try:
+                h.flush()    # the hints, if no fsync() or FLUSH installed them yet
+            except UserError as exc:     # nobody to tell but the log: close() returned
+                log.warning("hints written and closed, but refused: %s", exc)
 
     # -- a --writable mount: the handlers delegate to neuralcache/write/ ----------------
     def _writable(self):
@@ -485,8 +496,12 @@ class Operations(pyfuse3.Operations):
 
     @_edge
     async def fsync(self, fh, datasync):
-        """Returns once the remote has the file (EIO if it cannot get it)."""
+        """Returns once the remote has the file (EIO if it cannot get it); the hints
+        file: installs what was written (publish_order's barrier)."""
         h = self._handles.get(fh)
+        if h is not None and not isinstance(h, FileHandle) and hasattr(h, "flush"):
+            h.flush()
+            return
         if self.writes is None:
             return
         if self.writes.owns(h):

@@ -1,1 +1,2 @@
-"""The ``namespace`` scenario (issue 19): trees.py makes and keeps the trees, scenario.py measures."""
+"""The ``namespace`` scenario (issue 19): trees.py makes and keeps the trees,
+scenario.py measures."""
