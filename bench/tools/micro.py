@@ -228,7 +228,8 @@ def get_big(gib: float, inflight: list[int], rtt_ms: float, rounds: int,
     _limit_malloc_arenas()      # the daemon's malloc (two arenas), so blocks made in
     nblocks = 32                # any thread are recycled as the daemon's are
     n_gets = max(1, int(gib * 1024 * MB) // BLOCK)
-    with SeaweedServer(tempfile.mkdtemp(prefix="nc-micro-")) as sw:
+    with tempfile.TemporaryDirectory(prefix="nc-micro-") as work, \
+            SeaweedServer(work) as sw:
         c = sw.client()
         c.create_bucket(Bucket="micro")
         data = os.urandom(nblocks * BLOCK)
