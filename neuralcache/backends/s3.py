@@ -7,8 +7,11 @@ a botocore GetObject costs ~2.7 ms of CPU, the direct request ~1.25 ms on 100 KB
 objects (`python -m bench.micro get-cpu`), and a Python daemon serving 100 KB samples is CPU-bound on exactly
 that.  GETs of at most 1 MiB go through obstore when it is installed (s3native.py:
 about a third of that CPU again), falling back to this path on anything but a 404 or
-412.  All of it is blocking; callers run these methods in worker threads.  Retries
-are ours (``neuralcache.backends.retry``); botocore's own are off so that one policy applies.
+412.  At 8 MiB (the block) nothing tried is cheaper per byte than this path: obstore,
+awscrt's S3Client and s3torchconnector's mountpoint client cost 1.15-2.1x its CPU per
+GiB (`python -m bench.micro get-big`).  All of it is blocking; callers run these
+methods in worker threads.  Retries are ours (``neuralcache.backends.retry``);
+botocore's own are off so that one policy applies.
 
 Regions: botocore follows a bucket's region redirect, our hand-signed GETs do not, so
 ``check()`` learns the bucket's region (HeadBucket's ``x-amz-bucket-region``) and every

@@ -5,7 +5,12 @@ Why only small ones: ``python -m bench.micro get-cpu`` (one thread, local Seawee
 measured 0.18 ms of CPU per 100 KB GET with obstore against 0.52 ms for the SigV4 +
 urllib3 path, but 4.74 ms against 2.63 ms per 8 MiB GET: the Rust client wins per
 request and loses per byte.  A daemon serving 100 KB samples is CPU-bound on exactly
-the per-request part, and obstore holds no GIL while it waits.
+the per-request part, and obstore holds no GIL while it waits.  At the 8 MiB block
+``python -m bench.micro get-big`` (1/8/32 in flight, direct and over the 60 ms link,
+whole-process CPU) found no client cheaper per byte than the urllib3 path: median
+0.51-0.63 CPU-s per GiB against 0.65-0.80 for obstore's zero-copy ``Bytes`` and
+0.75-1.12 for awscrt's S3Client and the mountpoint-s3 client (bench/RESULTS.md, "The
+8 MiB GET").
 
 It changes no guarantee: the same key, byte range and ``If-Match`` version; a 404 is
 NotFound and a 412 VersionChanged, as on the Python path; every other failure (a
