@@ -256,3 +256,30 @@ def test_valid_key_rejects_escapes(bad):
 def test_valid_key_accepts():
     for good in ["a", "a b/ü.bin", "..hidden", "x/...", "n" * 255]:
         assert valid_key(good), good
+
+
+def test_a_listing_that_fails_halfway_is_an_error_then_lists_again_cleanly():
+    from neuralcache.errors import Unavailable
+
+    class Flaky(TreeBackend):
+        fail = True
+
+        def list_dir(self, key):
+            for i, page in enumerate(super().list_dir(key)):
+                if key == "d" and i == 1 and self.fail:
+                    self.fail = False
+                    raise Unavailable("connection reset")
+                yield page
+
+    be = Flaky({f"d/{i:04d}": 1 for i in range(2500)}, page=1000)
+
+    async def body(ns, lister):
+        d = await walk(ns, lister, "d")
+        with pytest.raises(Unavailable):
+            await lister.ready(d)
+        assert not ns.dirs[d.inode].complete
+        await lister.ready(d)                          # listed again, whole
+        assert ns.files == 2500 and len(ns.page(d.inode, 0, -1)) == 2500
+        assert lister.errors == 1
+
+    run(be, body)

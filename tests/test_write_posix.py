@@ -246,3 +246,22 @@ def test_uploads_hold_at_most_their_memory_budget_whatever_the_part_size(seaweed
     assert (head, tail) == (b"head", b"tail")
     assert s3c.head_object(Bucket=name, Key="big.bin")["ContentLength"] == 512 * MB
     assert grown_mb < 64, f"peak memory grew by {grown_mb:.0f} MiB for 128 MiB parts"
+
+
+@pytest.mark.e2e
+@needs_fuse
+def test_an_upload_that_keeps_failing_ends_with_its_file(seaweed, s3, bucket, tmp_path, env):
+    """A file whose upload the remote refuses, then deleted: nothing is left to do, so
+    sync and umount pass (they used to wait for that upload forever)."""
+    with RefusingProxy(seaweed.endpoint, seaweed.access_key, seaweed.secret_key) as proxy:
+        with wmount(seaweed, bucket, tmp_path, endpoint=proxy.endpoint) as mp:
+            proxy.refuse = True
+            (mp / "doomed.bin").write_bytes(b"never uploaded")
+            r = run_cli("sync", mp, env=env)
+            assert r.returncode == 1                   # refused, as it should be
+            os.unlink(mp / "doomed.bin")
+            proxy.refuse = False
+            r = run_cli("sync", mp, env=env)
+            assert r.returncode == 0, r.stderr
+            assert stats(mp)["upload_pending_ops"] == 0
+    assert in_bucket(s3, bucket) == {}

@@ -157,7 +157,9 @@ class Lister:
             return False
         listing = self._start(dir_inode)
         await listing.progress.wait()
-        return not (listing.done.is_set() and listing.error is not None)
+        if listing.error is not None and not d.complete:
+            raise listing.error          # readdir fails (EIO), not an empty directory
+        return True
 
     def want(self, dir_inode: int) -> None:
         """Something (the prefetcher, for a hinted path) needs this directory listed:
@@ -238,6 +240,8 @@ class Lister:
                 d.complete, d.listed_at = True, started
             else:
                 log.warning("listing %s/ failed: %s", key, exc)
+                if self.ns.rows.has_children(dir_inode):
+                    d.foreign += 1            # the next listing meets these pages again
         finally:
             d.listing = None
             listing.first_page.set()
