@@ -308,6 +308,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     ops = Operations(ns, lister, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
                      readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
                      trace=trace, controls=controls, prefetcher=prefetcher, writes=writes)
+    controls.query = ops.answer_query
     try:
         pyfuse3.init(ops, mp, _fuse_options(cfg))
     except RuntimeError as exc:

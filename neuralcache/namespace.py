@@ -89,7 +89,7 @@ class DirState:
     """What the namespace knows of one directory (kept for every directory row)."""
 
     __slots__ = ("key", "listed_at", "complete", "used_at", "nsub", "next_seq", "foreign",
-                 "listing", "refreshing")
+                 "listing", "fingerprint")
 
     def __init__(self, key: str, complete: bool = False):
         self.key = key
@@ -100,7 +100,7 @@ class DirState:
         self.next_seq = 1          # readdir offset of the next entry added
         self.foreign = 0           # entries added while it was not completely listed
         self.listing = None        # meta/lister.py: the listing in progress, if any
-        self.refreshing = False
+        self.fingerprint = None    # of the last listing applied whole (lister.fingerprint)
 
 
 class Namespace:
@@ -278,6 +278,7 @@ class Namespace:
         self.files -= n
         self.total_bytes -= int(nbytes)
         d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0
+        d.fingerprint = None
 
     # -- changes (a listing that differs, or a --writable mount: neuralcache/write/) -----
     def make_dirs(self, path: str) -> Node:

@@ -5,8 +5,8 @@ listing the source.  ``manifest show FILE`` prints what a manifest holds.
 
 From SOURCE (s3://BUCKET[/PREFIX] or a directory), the source is listed directly,
 a directory at a time, up to 64 listed ahead.  From a mount, the mount is walked (its
-daemon lists what the walk touches) and each file's version is read from the
-``user.neuralcache.version`` attribute.  ``manifest import`` builds one from a
+daemon lists what the walk touches) and the files' versions are asked of its ``query``
+control file.  ``manifest import`` builds one from a
 listing you already have (an S3 Inventory report as TSV).
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _walk_mount(mp: str):
     """Every file of a NeuralCache mount in key order."""
     def list_dir(key: str):
         path = os.path.join(mp, key)
-        files, dirs = [], []
+        found, dirs = [], []
         with os.scandir(path) as it:
             for de in it:
                 if not key and de.name == control.DIRNAME:
@@ -37,10 +37,10 @@ def _walk_mount(mp: str):
                 if de.is_dir(follow_symlinks=False):
                     dirs.append(de.name)
                 else:
-                    st = de.stat()
-                    version = os.getxattr(de.path, control.XATTR_VERSION).decode()
-                    files.append(ObjectInfo(k, st.st_size, version, st.st_mtime))
-        yield files, dirs
+                    found.append((k, de.stat()))
+        versions = mounts.query_files(mp, "version", [k for k, _ in found])
+        yield [ObjectInfo(k, st.st_size, v, st.st_mtime)
+               for (k, st), v in zip(found, versions) if v != "-"], dirs
 
     return sorted_walk(list_dir)
 

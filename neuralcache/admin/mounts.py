@@ -41,3 +41,26 @@ def find_mount(path: str) -> MountEntry | None:
         if e.mountpoint == real:
             return e
     return None
+
+
+def query_files(mountpoint: str, what: str, paths: list[str]) -> list[str]:
+    """Ask a mount about files through its control directory's ``query`` file
+    (fs/control.py QueryHandle): ``what`` is "cached" (bytes held by the caches) or
+    "version"; one answer per path ("-": not a file), MAX_QUERY_LINES at a time."""
+    from ..fs.control import DIRNAME, MAX_QUERY_LINES
+
+    out: list[str] = []
+    qfile = os.path.join(mountpoint, DIRNAME, "query")
+    for i in range(0, len(paths), MAX_QUERY_LINES):
+        part = paths[i:i + MAX_QUERY_LINES]
+        with open(qfile, "r+b", buffering=0) as f:
+            f.write("".join(f"{what} {p}\n" for p in part).encode("utf-8", "surrogateescape"))
+            f.seek(0)
+            answer = b""
+            while chunk := f.read(1 << 20):
+                answer += chunk
+        got = answer.decode("utf-8", "surrogateescape").splitlines()
+        if len(got) != len(part):
+            raise OSError(f"{qfile}: {len(got)} answers to {len(part)} questions")
+        out += got
+    return out

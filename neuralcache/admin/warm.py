@@ -4,8 +4,8 @@ Files are read through the mount (so the daemon caches them exactly as a job wou
 by ``--jobs`` threads, with the kernel page cache released behind each file so warming
 a large dataset does not evict the node's memory.  Progress is a bar with bytes, rate
 and ETA on a terminal, one line every few seconds otherwise.  Ctrl-C stops at once;
-the cache stays consistent (every block is written atomically).  ``--check`` reads
-the ``user.neuralcache.cached`` attribute instead and reports what is already cached.
+the cache stays consistent (every block is written atomically).  ``--check`` asks
+the mount's ``query`` control file instead and reports what is already cached.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..fs import control
 from ..errors import UserError
+from .mounts import query_files
 from .sizes import format_size
 
 # Files read at once: enough to keep ~16 round trips in flight for small files while
@@ -116,11 +117,11 @@ def _read_one(path: str, progress: Progress, stop: threading.Event) -> None:
     progress.add(0, file_done=True)
 
 
-def cached_bytes(path: str) -> int:
-    try:
-        return int(os.getxattr(path, control.XATTR_CACHED))
-    except (OSError, ValueError):
-        return 0
+def cached_bytes(mountpoint: str, paths: list[str]) -> list[int]:
+    """Bytes of each file (absolute paths inside the mount) held by the caches."""
+    root = os.path.abspath(mountpoint)
+    got = query_files(root, "cached", [os.path.relpath(p, root) for p in paths])
+    return [int(x) if x.isdigit() else 0 for x in got]
 
 
 def warm(mountpoint: str, paths: list[str], list_file: str | None, jobs: int,
@@ -128,8 +129,9 @@ def warm(mountpoint: str, paths: list[str], list_file: str | None, jobs: int,
     files = collect(mountpoint, paths, list_file)
     total = sum(s for _, s in files)
     if check:
-        have = sum(min(cached_bytes(p), s) for p, s in files)
-        full = sum(1 for p, s in files if cached_bytes(p) >= s)
+        cached = cached_bytes(mountpoint, [p for p, _ in files])
+        have = sum(min(c, s) for c, (_, s) in zip(cached, files))
+        full = sum(1 for c, (_, s) in zip(cached, files) if c >= s)
         pct = have / total if total else 1.0
         print(f"{format_size(have)} of {format_size(total)} cached ({pct:.1%}); "
               f"{full} of {len(files)} files complete")

@@ -41,6 +41,7 @@ from botocore.httpsession import get_cert_path
 from . import retry, s3native
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
+from .s3list import S3List
 from .s3write import S3Writes
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def aws_object_base_url(bucket: str, region: str) -> str:
     return f"https://{host}/{quote(bucket, safe='')}"
 
 
-class S3Backend(S3Writes):
+class S3Backend(S3Writes, S3List):
     # Ranged reads of at most s3native.NATIVE_MAX_BYTES may go through obstore; a
     # subclass that never makes ranged reads (store/shared.py) switches it off.
     NATIVE_GETS = True
@@ -382,34 +383,6 @@ class S3Backend(S3Writes):
     def list_all(self) -> Iterator[ObjectInfo]:
         """Breadth-first over '/'-delimited prefixes, LIST_WORKERS at a time."""
         return walk_parallel(self._list_dir, self.prefix, LIST_WORKERS)
-
-    def list_dir(self, key: str) -> Iterator[tuple[list[ObjectInfo], list[str]]]:
-        """One directory, a page (up to 1,000 keys) at a time: (files, subdirectory
-        names).  ListObjectsV2 with '/' as the delimiter."""
-        prefix = self.prefix + (key + "/" if key else "")
-        token = None
-        while True:
-            kw = dict(Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000)
-            if token:
-                kw["ContinuationToken"] = token
-            resp = self._call(f"list s3://{self.bucket}/{prefix}",
-                              lambda kw=kw: self._client.list_objects_v2(**kw))
-            files: list[ObjectInfo] = []
-            for o in resp.get("Contents", []):
-                k = o["Key"][len(self.prefix):]
-                if not k or k.endswith("/"):
-                    continue  # the prefix itself or a "directory marker" object
-                if not valid_key(k):
-                    log.warning("skipping key that cannot be a path: %r", o["Key"])
-                    continue
-                files.append(ObjectInfo(k, int(o["Size"]), o.get("ETag", "").strip('"'),
-                                        o["LastModified"].timestamp()))
-            dirs = [p["Prefix"][len(prefix):].rstrip("/")
-                    for p in resp.get("CommonPrefixes", [])]
-            yield files, [d for d in dirs if d and valid_key(d)]
-            if not resp.get("IsTruncated"):
-                return
-            token = resp["NextContinuationToken"]
 
     def probe(self, key: str) -> tuple[ObjectInfo | None, bool]:
         """Is ``key`` an object, a directory (a prefix of objects), or nothing?  A

@@ -524,27 +524,27 @@ class Operations(pyfuse3.Operations):
                 h.pinned = Pinned(info.key, info.version, p.size)
 
     # -- everything else is read-only ---------------------------------------------------
-    @_edge
-    async def getxattr(self, inode, name, ctx):
-        """``user.neuralcache.cached``: bytes of the file held by the caches (what
-        `neuralcache warm --check` reads); ``user.neuralcache.version``: the ETag or
-        size:mtime the next open will pin.  Not listed by listxattr, so copies with
-        xattrs (cp -a, rsync -X) do not carry them."""
-        node = self.ns.get(inode)
-        if node is None or node.is_dir or control.is_control_inode(inode):
-            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        if name == control.XATTR_CACHED.encode():
-            p = Pinned(node.key, node.version, node.size)
-            n = sum(self.store.block_range(p, i)[1] for i in range(self.store.nblocks(p))
-                    if self.store.cached(p, i))
-            return str(n).encode()
-        if name == control.XATTR_VERSION.encode():
-            return node.version.encode()
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+    def answer_query(self, lines: list[str]) -> bytes:
+        """The control directory's ``query`` file (fs/control.py QueryHandle)."""
+        out = []
+        for line in lines:
+            what, _, path = line.partition(" ")
+            node = self.ns.by_path(path.strip("/"))
+            if node is None or node.is_dir or what not in ("cached", "version"):
+                out.append("-")
+            elif what == "version":
+                out.append(node.version)
+            else:
+                key = self.writes.remote_key(node) if self.writes is not None else node.key
+                p = Pinned(key, node.version, node.size)
+                out.append(str(sum(self.store.block_range(p, i)[1]
+                                   for i in range(self.store.nblocks(p))
+                                   if self.store.cached(p, i))))
+        return ("\n".join(out) + "\n").encode("utf-8", "surrogateescape") if out else b""
 
-    @_edge
-    async def listxattr(self, inode, ctx):
-        return []
+    # getxattr and listxattr are not implemented: pyfuse3 answers ENOSYS, and after the
+    # first one the kernel stops asking (fc->no_getxattr): `ls -l` of 100k files used to
+    # make 200k getxattr requests (security.selinux, system.posix_acl_access).
 
     async def _erofs(self, *args, **kwargs):
         """Read-only: EROFS; writable: links, device nodes and xattrs are not kept."""
