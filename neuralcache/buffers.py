@@ -66,3 +66,15 @@ def read_into(readinto, nbytes: int, huge_pages: bool | None = None) -> memoryvi
             break
         done += n
     return view[:done]
+
+
+def release_free_memory() -> None:
+    """Hand memory malloc holds but no object uses back to the kernel (glibc
+    ``malloc_trim``): after a burst that allocated and freed a lot, such as parsing an
+    epoch's hints (~40 MB of transient strings for 1.28 M paths, of which 15 MB stay)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -51,13 +51,14 @@ def publish_order(mountpoint: str, paths: Iterable[str]) -> int:
     root = find_mount_root(mountpoint)
     if root is None:
         raise HintError(f"{mountpoint} is not inside a NeuralCache mount")
-    lines = []
-    for p in paths:
-        p = os.fspath(p)
-        if "\n" in p or "\x00" in p:
-            raise HintError(f"path {p!r} contains a newline or NUL")
-        lines.append(_relative(root, p))
-    data = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape") if lines else b""
+    lines = [p if isinstance(p, str) else os.fspath(p) for p in paths]
+    if any(p.startswith("/") for p in lines):      # absolute paths: make them relative
+        lines = [_relative(root, p) for p in lines]
+    text = "\n".join(lines)
+    if "\x00" in text or len(lines) and text.count("\n") != len(lines) - 1:
+        bad = next(p for p in lines if "\n" in p or "\x00" in p)
+        raise HintError(f"path {bad!r} contains a newline or NUL")
+    data = (text + "\n").encode("utf-8", "surrogateescape") if lines else b""
     try:
         with open(os.path.join(root, CONTROL_DIR, "hints"), "wb") as f:
             f.write(data)

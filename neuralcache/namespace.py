@@ -390,8 +390,8 @@ class Namespace:
     def remember(self, node: Node) -> None:
         self.rows.add_lookups(node.inode, 1)
 
-    def remember_inode(self, inode: int) -> None:
-        self.rows.add_lookups(inode, 1)
+    def remember_inodes(self, inodes: list[int]) -> None:
+        self.rows.add_lookup_each(inodes)
 
     def lookups(self, inode: int) -> int:
         return self.rows.lookups(inode)

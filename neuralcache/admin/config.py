@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from ..store.blocks import DEFAULT_BLOCK_SIZE, DEFAULT_CONCURRENCY
 from ..errors import UserError
 from ..ahead.readahead import DEFAULT_MAX_BYTES
+from ..meta.rows import DEFAULT_CACHE_BYTES
 from .sizes import parse_size
 
 
@@ -36,9 +37,9 @@ class MountConfig:
     # a replaced object stays invisible while keeping re-listing rare.
     metadata_ttl: float = 300.0
     # Metadata memory: SQLite's page cache over the table of listed entries
-    # (meta/rows.py): 64 MiB holds the hot rows of ~500k entries; the table itself is
-    # on disk under --cache-dir (~135 bytes per listed entry).
-    metadata_cache_size: int = 64 << 20
+    # (meta/rows.py DEFAULT_CACHE_BYTES says why 32 MiB); the table itself is on disk
+    # under --cache-dir (~135 bytes per listed entry).
+    metadata_cache_size: int = DEFAULT_CACHE_BYTES
     # A listing brought by the user (meta/manifest.py): names come from it, never
     # from listing the source; entries never expire unless --metadata-ttl says so.
     manifest: str | None = None
@@ -141,7 +142,7 @@ OPTIONS: dict[str, tuple] = {
     "metadata_cache_size": (lambda v: parse_size(v, "metadata cache size"),
                             "memory for the metadata of listed directories (their "
                             "entries live in a table under --cache-dir, ~135 bytes each "
-                            "on disk), e.g. 64M (default 64M)"),
+                            "on disk), e.g. 64M (default 32M)"),
     "manifest": (os.path.expanduser, "serve names from this manifest file (written by "
                                      "`neuralcache manifest export`) instead of listing "
                                      "the source; read-only, entries never expire unless "

@@ -22,6 +22,7 @@ import time
 
 from predictors.events import Event
 
+from ..buffers import release_free_memory
 from ..store import limiter as lim
 from ..store.blocks import BlockStore, Pinned
 from ..errors import UserError
@@ -210,6 +211,8 @@ class Prefetcher:
         except ValueError as exc:
             raise UserError(f"hints refused: {exc}") from None
         self.hints_set = len(paths)
+        if len(paths) > 100_000:
+            release_free_memory()             # what parsing them allocated and freed
         self._skip = self._backoff = 0        # plan the new order now
         self._pump()
         return len(paths)

@@ -293,24 +293,27 @@ class Operations(pyfuse3.Operations):
                     break
                 self.controls.remember(attrs.st_ino)
             return
-        ino, seq, served = h.node.inode, start_id, False
+        ino, seq, taken = h.node.inode, start_id, []
         if seq == 0:
             self.lister.crawl(ino)
-        while True:
-            rows = self.ns.page(ino, seq, READDIR_PAGE)
-            if not rows:
-                if served:                      # the kernel comes back for the rest
-                    return
-                if not await self.lister.more(ino, seq):
-                    self.lister.crawl(ino)      # listed now: its subdirectories next
-                    return
-                continue
-            for r in rows:
-                if not pyfuse3.readdir_reply(token, os.fsencode(r.name), self._attrs(r),
-                                             r.seq + 1):
-                    return
-                self.ns.remember_inode(r.ino)
-                seq, served = r.seq + 1, True
+        try:
+            while True:
+                rows = self.ns.page(ino, seq, READDIR_PAGE)
+                if not rows:
+                    if taken:                   # the kernel comes back for the rest
+                        return
+                    if not await self.lister.more(ino, seq):
+                        self.lister.crawl(ino)  # listed now: its subdirectories next
+                        return
+                    continue
+                for r in rows:
+                    if not pyfuse3.readdir_reply(token, os.fsencode(r.name),
+                                                 self._attrs(r), r.seq + 1):
+                        return
+                    taken.append(r.ino)
+                    seq = r.seq + 1
+        finally:
+            self.ns.remember_inodes(taken)      # one statement per reply, not per entry
 
     @_edge
     async def releasedir(self, fh):
