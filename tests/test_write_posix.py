@@ -11,37 +11,13 @@ import trio
 
 from conftest import cli_env, mounted, needs_fuse, new_bucket, payload, run_cli
 from test_e2e import stats
-from test_write import RefusingProxy, in_bucket, sync
+from test_write import (RefusingProxy, bucket, env, in_bucket, s3, seaweed,  # noqa: F401
+                        shared_bucket, sync)     # the write tests' server and fixtures
 
 MB = 1 << 20
 TIB = 1 << 40
 
 e2e = [needs_fuse, pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module")
-def seaweed(seaweed_writes):
-    return seaweed_writes
-
-
-@pytest.fixture(scope="module")
-def s3(seaweed):
-    return seaweed.client()
-
-
-@pytest.fixture(scope="module")
-def shared_bucket(s3):
-    return new_bucket(s3)
-
-
-@pytest.fixture
-def bucket(shared_bucket, request):
-    return f"{shared_bucket}/{request.node.name}"
-
-
-@pytest.fixture
-def env(seaweed):
-    return cli_env(seaweed)
 
 
 def wmount(seaweed, bucket, tmp_path, *args, endpoint=None):

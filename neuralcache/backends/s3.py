@@ -205,40 +205,49 @@ class S3Backend(S3Writes, S3List):
         return self._pool.request(method, url, headers=dict(req.headers.items()), body=body,
                                   preload_content=False, redirect=False)
 
-    def _direct_read(self, key: str, offset: int, length: int, version: str) -> bytes:
-        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
-        if version:
-            headers["If-Match"] = f'"{version}"'
-        what = f"read {key}@{offset}+{length}"
+    def _with_region(self, what: str, send, ok: tuple[int, ...]) -> tuple[int, bytes]:
+        """``send(target)`` (a signed urllib3 request for (region, base URL)) and its
+        answer, (status, body) for a status in ``ok``; a wrong-region answer switches
+        region and sends once more; anything else raises the domain error."""
         for _ in range(2):    # a second try only after learning the bucket's region
             target = self._target
             try:
-                resp = self._signed_get(key, headers, target=target)
+                resp = send(target)
                 try:
                     status = resp.status
-                    data = resp.read() if status in (200, 206) else resp.read(4096)
+                    data = resp.read() if status in ok else resp.read(4096)
                     found = resp.headers.get("x-amz-bucket-region")
                 finally:
                     resp.release_conn()
             except urllib3.exceptions.HTTPError as exc:   # timeouts, resets, refused
-                raise retry.Transient(Unavailable(f"{what}: connection failed: {exc}")) from None
-            if status in (200, 206):
-                if status == 200 and offset == 0 and len(data) > length:
-                    data = data[:length]      # a server that ignored Range on a whole object
-                if len(data) != length:
-                    raise retry.Transient(Unavailable(f"{what}: short read: {len(data)} bytes"))
-                return data
+                raise retry.Transient(Unavailable(f"{what}: connection failed: {exc}")) \
+                    from None
+            if status in ok:
+                return status, data
             code = m.group(1).decode() if (m := _XML_CODE.search(data)) else ""
             if status in _REGION_STATUSES and not found and (m := _XML_REGION.search(data)):
                 found = m.group(1).decode()
             if (status in _REGION_STATUSES and found and found != target[0]
                     and self._pinned_region is None):
-                self._use_region(found, f"a read was answered {status} {code}".rstrip())
+                self._use_region(found, f"{what} was answered {status} {code}".rstrip())
                 continue
             break
         message = m.group(1).decode(errors="replace") if (m := _XML_MESSAGE.search(data)) else ""
         raise self._error(what, status, code, message,
                           found=found if found != target[0] else None)
+
+    def _direct_read(self, key: str, offset: int, length: int, version: str) -> bytes:
+        headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+        if version:
+            headers["If-Match"] = f'"{version}"'
+        what = f"read {key}@{offset}+{length}"
+        status, data = self._with_region(
+            what, lambda t: self._signed_get(key, headers, target=t), (200, 206))
+        if status == 200 and offset == 0 and len(data) > length:
+            data = data[:length]      # a server that ignored Range on a whole object
+        if len(data) != length:
+            raise retry.Transient(Unavailable(f"{what}: short read: {len(data)} bytes"))
+        return data
 
     # -- error translation -------------------------------------------------------
     def _error(self, what: str, status: int | None, code: str = "", message: str = "",

@@ -16,8 +16,6 @@ import xml.etree.ElementTree as ET
 from typing import Iterator
 from urllib.parse import quote, unquote_plus
 
-import urllib3
-
 from . import retry
 from .base import ObjectInfo, valid_key
 from ..errors import Unavailable
@@ -32,8 +30,8 @@ def _iso(text: str) -> float:
 
 
 class S3List:
-    """Needs ``bucket``, ``prefix``, ``_target``, ``_pool``, ``_session``, ``_call``,
-    ``_error``, ``_use_region``, ``_pinned_region`` (S3Backend)."""
+    """Needs ``bucket``, ``prefix``, ``_pool``, ``_session``, ``_call`` and
+    ``_with_region`` (S3Backend)."""
 
     def list_dir(self, key: str) -> Iterator[tuple[list[ObjectInfo], list[str]]]:
         """One directory, a page (up to 1,000 keys) at a time: (files, subdirectory
@@ -50,7 +48,6 @@ class S3List:
 
     def _list_page(self, prefix: str, token: str | None
                    ) -> tuple[list[ObjectInfo], list[str], str | None]:
-        from .s3 import _REGION_STATUSES, _XML_CODE, _XML_MESSAGE, _XML_REGION
         from botocore.auth import S3SigV4Auth
         from botocore.awsrequest import AWSRequest
         from botocore import exceptions as bex
@@ -62,35 +59,20 @@ class S3List:
         query = "&".join(f"{quote(k, safe='~')}={quote(v, safe='~')}"
                          for k, v in sorted(params.items()))
         what = f"list s3://{self.bucket}/{prefix}"
-        for _ in range(2):    # a second try only after learning the bucket's region
-            region, base = target = self._target
+
+        def send(target):
+            region, base = target
             creds = self._session.get_credentials()
             if creds is None:
                 raise bex.NoCredentialsError()
             url = base + "/?" + query
             req = AWSRequest(method="GET", url=url)
             S3SigV4Auth(creds.get_frozen_credentials(), "s3", region).add_auth(req)
-            try:
-                resp = self._pool.request("GET", url, headers=dict(req.headers.items()),
-                                          redirect=False)
-            except urllib3.exceptions.HTTPError as exc:   # timeouts, resets, refused
-                raise retry.Transient(Unavailable(f"{what}: connection failed: {exc}")) \
-                    from None
-            status, data = resp.status, resp.data
-            found = resp.headers.get("x-amz-bucket-region")
-            if status == 200:
-                return self._parse_page(data, prefix)
-            code = m.group(1).decode() if (m := _XML_CODE.search(data)) else ""
-            if status in _REGION_STATUSES and not found and (m := _XML_REGION.search(data)):
-                found = m.group(1).decode()
-            if (status in _REGION_STATUSES and found and found != target[0]
-                    and self._pinned_region is None):
-                self._use_region(found, f"a listing was answered {status} {code}".rstrip())
-                continue
-            break
-        message = m.group(1).decode(errors="replace") if (m := _XML_MESSAGE.search(data)) else ""
-        raise self._error(what, status, code, message,
-                          found=found if found != target[0] else None)
+            return self._pool.request("GET", url, headers=dict(req.headers.items()),
+                                      preload_content=False, redirect=False)
+
+        _, data = self._with_region(what, send, (200,))
+        return self._parse_page(data, prefix)
 
     def _parse_page(self, data: bytes, prefix: str
                     ) -> tuple[list[ObjectInfo], list[str], str | None]:
