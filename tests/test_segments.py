@@ -31,8 +31,8 @@ def tier(tmp_path, limit=1 << 30, **kw) -> DiskTier:
 
 def test_small_blocks_share_one_file_and_big_ones_keep_theirs(tmp_path):
     d = tier(tmp_path)
-    sizes = [1, 100, 4096 - 40, 4096 - 39, 100_000, disk_mod.PACK_MAX, disk_mod.PACK_MAX + 1,
-             3 << 20]
+    sizes = [1, 100, 4096 - 40, 4096 - 39, 100_000, 3 << 20, disk_mod.PACK_MAX,
+             disk_mod.PACK_MAX + 1]
     data = {BlockKey("f", "v", i): os.urandom(n) for i, n in enumerate(sizes)}
     for k, v in data.items():
         assert d.put(k, v)
@@ -40,7 +40,7 @@ def test_small_blocks_share_one_file_and_big_ones_keep_theirs(tmp_path):
         assert bytes(d.get(k)) == v
     assert len(seg_files(tmp_path)) == 1 and len(seg_files(tmp_path, "idx")) == 1
     files = [p for p in (tmp_path / "blocks").glob("??/*")]
-    assert len(files) == 2                          # PACK_MAX + 1 and 3 MiB
+    assert len(files) == 1                          # PACK_MAX + 1
     # each record: whole pages at a page offset, data first, the key hash in its trailer
     for k, v in data.items():
         path, off, n = d.locate(k)

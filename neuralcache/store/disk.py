@@ -38,12 +38,15 @@ from .memory import BlockKey
 log = logging.getLogger(__name__)
 
 ALIGN = sg.ALIGN
-# Blocks of at most this many bytes go into segments.  A block file costs 0.1-0.3 ms of
-# CPU and ~0.3 ms more wall time to create than an append (issue 20's notes): 20-50%
-# of storing a 100 KB block, still 10-30% at 1 MiB (0.1-0.3 CPU-s per GiB, against a
-# target of 0.5 for the whole read path), under 4% at the 8 MiB default block size,
-# whose blocks keep a file each (as do a large object's tail blocks over 1 MiB).
-PACK_MAX = 1 << 20
+# Blocks of at most this many bytes go into segments: every block at the default 8 MiB
+# block size (store/blocks.py).  Creating a file costs 0.5-0.8 ms of CPU here whatever
+# its size (open(O_CREAT) alone, thread CPU clock), renaming and deleting it more:
+# `python -m bench.micro disk-put` puts 100 KB blocks for 0.10-0.11 ms of CPU into
+# segments against 0.21-0.48 with a file each, and `python -m bench.breakdown --size 1G
+# --files 0` measured 0.28 / 0.33 CPU-s per GiB of disk writes with 8 MiB blocks packed
+# against 0.50 / 0.60 with a file each (two pairs).  Larger blocks (--block-size over
+# 8M) keep a file each: a segment holds at least 8 records of this size.
+PACK_MAX = 8 << 20
 # Page-aligned write buffers kept for reuse (the disk writer runs 2 tasks; a third
 # concurrent writer allocates one and frees it).
 WRITE_BUFFERS_KEPT = 2
@@ -330,7 +333,7 @@ class DiskTier:
         """A place for a record of ``nbytes`` (lock held): (segment, page), the segment
         referenced and its write pending; (None, 0) if packing just turned off."""
         seg = self._active
-        if seg is None or seg.size + nbytes > self.segment_bytes:
+        if seg is None or (seg.size and seg.size + nbytes > self.segment_bytes):
             if seg is not None:
                 seg.sealed = True
                 self._active = None

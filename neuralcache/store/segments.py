@@ -1,8 +1,8 @@
 """Segment files: the disk tier's small blocks, many to a file.
 
-Creating a file costs more than writing 100 KB into one (0.1-0.3 ms of CPU and ~0.3 ms
-of wall time per block file against 0.03-0.05 ms for an append here: the micro-
-measurement in the disk-segments notes of issue 20), so blocks of at most
+Creating a file costs more CPU than writing 100 KB into one (0.5-0.8 ms for the
+open(O_CREAT) alone against 0.03 ms for an O_DIRECT append of 100 KB here, thread CPU
+clock; ``python -m bench.micro disk-put`` compares whole puts), so blocks of at most
 ``disk.PACK_MAX`` bytes are appended to a shared segment file instead, and one file
 creation serves a whole segment (``SEGMENT_BYTES``).  Layout, under
 ``CACHE_DIR/blocks/segments/``::
@@ -49,7 +49,7 @@ import xxhash
 # O_DIRECT granularity: the page size, a multiple of every disk's logical block size.
 ALIGN = 4096
 # Bytes per segment file.  The file creation (two files: .seg, .idx) is spread over
-# this many bytes of blocks: 640 blocks of 100 KB.  Larger segments mean fewer files
+# this many bytes of blocks: 640 blocks of 100 KB, 8 of 8 MiB.  Larger segments mean fewer files
 # and file descriptors (the disk tier keeps ``SEGMENT_FDS`` segments open); smaller
 # ones a shorter log.  Eviction is per record, so the size does not change what is
 # kept: 64 MiB keeps a 20 GiB cache at ~320 segments.
