@@ -276,3 +276,29 @@ def test_concurrent_readers_writers_and_evictions(tmp_path, monkeypatch):
     assert d.used == sum(n for _, _, n in held)
     d2 = tier(tmp_path, limit=64 * 8192)
     assert d2.verify_all() == (len(d), 0)
+
+
+def test_a_new_segment_is_made_outside_the_lock(tmp_path, monkeypatch):
+    """A file creation can wait on the filesystem's journal; the trio thread calls
+    contains() under the same lock, so no segment is created while holding it."""
+    d = tier(tmp_path, segment_bytes=64 << 10)
+    k0 = BlockKey("f", "v", 0)
+    assert d.put(k0, b"x" * 5000)
+    real = segments.create
+    slow = threading.Event()
+
+    def create(dirpath, direct):
+        slow.set()
+        time.sleep(0.5)
+        return real(dirpath, direct)
+
+    monkeypatch.setattr(segments, "create", create)
+    t = threading.Thread(target=lambda: [d.put(BlockKey("g", "v", i), b"y" * 5000)
+                                         for i in range(20)])
+    t.start()
+    assert slow.wait(5)
+    t0 = time.monotonic()
+    assert d.contains(k0) and bytes(d.get(k0)) == b"x" * 5000
+    assert time.monotonic() - t0 < 0.2
+    t.join()
+    assert len(d) == 21 and len(seg_files(tmp_path)) == 3

@@ -92,6 +92,7 @@ class DiskTier:
         self.segment_bytes = segment_bytes
         self._segs: dict[int, sg.Segment] = {}
         self._active: sg.Segment | None = None
+        self._spare: sg.Segment | None = None   # the next segment, made in advance
         self._next_sid = 1
         self._open: collections.OrderedDict[int, sg.Segment] = collections.OrderedDict()
 
@@ -116,7 +117,7 @@ class DiskTier:
         entries = files
         with self._lock:
             for i, (path, born, mtime, size, records) in enumerate(segs):
-                seg = self._add_segment(sg.Segment(self._next_sid, path, size, sealed=True))
+                seg = self._add_segment(sg.Segment(0, path, size, sealed=True))
                 # records in log order, timed between the segment's birth and the next
                 # one's (its mtime moves when a hole is punched in it)
                 end = segs[i + 1][1] if i + 1 < len(segs) else mtime
@@ -180,10 +181,9 @@ class DiskTier:
             if sg.loc_sid(v):
                 with self._lock:
                     s = self._segs.get(sg.loc_sid(v))
-                    if s is None:
-                        return None, ""
-                    self._acquire(s)
-                    seg = s
+                if s is None or not self._use(s):
+                    return None, ""                # the segment went meanwhile
+                seg = s
                 length = sg.loc_len(v)
                 nbytes = sg.record_size(length)
                 view = memoryview(buffers.fresh(nbytes))[:nbytes]
@@ -243,11 +243,21 @@ class DiskTier:
                 return False
             if name in self._index:
                 return True
+        packed = self.pack and n <= self.pack_max
+        if packed and self._spare is None and self._rotates(sg.record_size(n)):
+            try:
+                self._make_spare()
+            except OSError as exc:
+                self._failed(0, exc)
+                return False
+        with self._lock:
+            if name in self._index:
+                return True
             # Reserve the space under the lock: concurrent writers each evicting "to the
             # limit minus my block" and then adding overshot the limit (CI soak test).
             actions = self._take_victims(self.limit - n)
             self.used += n
-            if self.pack and n <= self.pack_max:
+            if packed and self.pack:
                 try:
                     seg, page = self._reserve(sg.record_size(n), actions)
                 except OSError as exc:
@@ -325,31 +335,55 @@ class DiskTier:
 
     # -- segments -------------------------------------------------------------------
     def _add_segment(self, seg: sg.Segment) -> sg.Segment:
+        """Give a segment its id and track it (lock held)."""
+        seg.sid, self._next_sid = self._next_sid, self._next_sid + 1
         self._segs[seg.sid] = seg
-        self._next_sid = max(self._next_sid, seg.sid + 1)
         return seg
 
     def _reserve(self, nbytes: int, actions: list) -> tuple[sg.Segment | None, int]:
         """A place for a record of ``nbytes`` (lock held): (segment, page), the segment
         referenced and its write pending; (None, 0) if packing just turned off."""
         seg = self._active
-        if seg is None or (seg.size and seg.size + nbytes > self.segment_bytes):
+        if self._rotates(nbytes):
             if seg is not None:
                 seg.sealed = True
                 self._active = None
                 if seg.live == 0 and seg.pending == 0:
                     actions.append(self._drop(seg))
-            seg = self._new_segment()
+            # made by _make_spare outside the lock; made here only if another thread
+            # took it meanwhile
+            seg, self._spare = self._spare or self._new_segment(), None
             if seg is None:
                 return None, 0
+            self._add_segment(seg)
             self._active = seg
-        self._acquire(seg)
+        self._ref(seg)
         page = seg.size // ALIGN
         seg.size += nbytes
         seg.pending += 1
         return seg, page
 
+    def _rotates(self, nbytes: int) -> bool:
+        """Whether a record of ``nbytes`` needs a new segment (read without the lock
+        by ``_put``: a stale answer costs a spare made early or a creation under it)."""
+        seg = self._active
+        return seg is None or bool(seg.size and seg.size + nbytes > self.segment_bytes)
+
+    def _make_spare(self) -> None:
+        """Create the next segment outside the lock (a file creation can wait on the
+        filesystem's journal, and the trio thread takes this lock in ``contains``)."""
+        seg = self._new_segment()
+        with self._lock:
+            if self._spare is None and seg is not None:
+                self._spare, seg = seg, None
+        if seg is not None:                     # another thread made one first
+            seg.close()
+            sg.unlink(seg.path)
+            sg.unlink(seg.log_path)
+
     def _new_segment(self) -> sg.Segment | None:
+        """A new empty segment, descriptors open; None (and packing off) if holes
+        cannot be punched where it lives."""
         dirpath = os.path.join(self.root, sg.DIRNAME)
         try:
             path, fd, lfd, direct = sg.create(dirpath, self.direct)
@@ -358,7 +392,7 @@ class DiskTier:
             path, fd, lfd, direct = sg.create(dirpath, self.direct)
         if not direct:
             self._not_direct()
-        seg = sg.Segment(self._next_sid, path)
+        seg = sg.Segment(0, path)              # its id comes with _add_segment
         seg.fd, seg.lfd = fd, lfd
         try:
             sg.punch_hole(fd, 0, ALIGN)       # can this filesystem give pages back?
@@ -371,8 +405,6 @@ class DiskTier:
             self.pack = False
             log.info("disk cache: %s cannot punch holes; one file per block", self.root)
             return None
-        self._add_segment(seg)
-        self._open[seg.sid] = seg
         return seg
 
     def _write_record(self, seg: sg.Segment, page: int, name: str, data) -> None:
@@ -418,11 +450,8 @@ class DiskTier:
         self._unref(seg)
         self._release([action])
 
-    def _acquire(self, seg: sg.Segment) -> None:
-        """Reference a segment's descriptors, opening them if closed (lock held)."""
-        if seg.fd is None:
-            if not seg.open(self.direct):
-                self._not_direct()
+    def _ref(self, seg: sg.Segment) -> None:
+        """Reference a segment whose descriptors are open (lock held)."""
         seg.refs += 1
         self._open[seg.sid] = seg
         self._open.move_to_end(seg.sid)
@@ -431,6 +460,28 @@ class DiskTier:
                 if s.refs == 0 and s is not self._active:
                     s.close()
                     del self._open[sid]
+
+    def _use(self, seg: sg.Segment) -> bool:
+        """Reference a segment's descriptors, opening them (outside the lock) if they
+        are closed; False if the segment was dropped.  Raises OSError."""
+        with self._lock:
+            if seg.dropped:
+                return False
+            if seg.fd is not None:
+                self._ref(seg)
+                return True
+        opened = sg.Segment(seg.sid, seg.path)
+        if not opened.open(self.direct):
+            self._not_direct()
+        with self._lock:
+            ok = not seg.dropped
+            if ok:
+                if seg.fd is None:
+                    seg.fd, seg.lfd = opened.fd, opened.lfd
+                    opened.fd = opened.lfd = None
+                self._ref(seg)
+        opened.close()         # unless used: another thread opened them first, or dropped
+        return ok
 
     def _unref(self, seg: sg.Segment) -> None:
         with self._lock:
@@ -466,10 +517,6 @@ class DiskTier:
             return self._drop(seg)
         if not free:
             return None
-        try:
-            self._acquire(seg)
-        except OSError:
-            return None                 # its pages stay until the segment goes
         return ("record", seg, name, v)
 
     def _release(self, actions) -> None:
@@ -486,6 +533,11 @@ class DiskTier:
             else:
                 _, seg, name, v = a
                 page, n = sg.loc_page(v), sg.loc_len(v)
+                try:
+                    if not self._use(seg):
+                        continue                   # the whole segment went meanwhile
+                except OSError:
+                    continue                       # its pages stay until the segment goes
                 try:
                     os.write(seg.lfd, sg.log_entry(bytes.fromhex(name), page, n, sg.DEAD))
                     sg.punch_hole(seg.fd, page * ALIGN, sg.record_size(n))
