@@ -243,7 +243,7 @@ def test_concurrent_readers_writers_and_evictions(tmp_path, monkeypatch):
     """8 threads putting, getting and dropping small blocks in a cache that holds a
     quarter of them, with few segment descriptors kept open: every answer is the
     block's own bytes or a miss, nothing is counted corrupt, the books balance."""
-    monkeypatch.setattr(disk_mod, "SEGMENT_FDS", 2)
+    monkeypatch.setattr(segments, "SEGMENT_FDS", 2)
     d = tier(tmp_path, limit=64 * 8192, segment_bytes=256 << 10)
     errors = []
 

@@ -58,10 +58,6 @@ EVICT_SCAN = 64
 # but stops writing for this long before trying again, so a full disk costs one
 # warning and one failed write per interval instead of one per block.
 WRITE_RETRY_S = 5.0
-# Segments whose two descriptors stay open between uses (reads need no open/close:
-# 0.03 ms of CPU per block saved).  256 descriptors leave room under the common 1024
-# limit; a segment beyond it is opened when used and closed once unused.
-SEGMENT_FDS = 128
 
 
 class DiskTier:
@@ -89,12 +85,7 @@ class DiskTier:
         self._buffers = AlignedBuffers(WRITE_BUFFERS_KEPT)
         self.pack_max = pack_max
         self.pack = pack_max > 0  # off where holes cannot be punched
-        self.segment_bytes = segment_bytes
-        self._segs: dict[int, sg.Segment] = {}
-        self._active: sg.Segment | None = None
-        self._spare: sg.Segment | None = None   # the next segment, made in advance
-        self._next_sid = 1
-        self._open: collections.OrderedDict[int, sg.Segment] = collections.OrderedDict()
+        self._segs = sg.Segments(self._lock, segment_bytes, self._not_direct)
 
     # -- start-up ---------------------------------------------------------------
     def load(self) -> int:
@@ -117,7 +108,7 @@ class DiskTier:
         entries = files
         with self._lock:
             for i, (path, born, mtime, size, records) in enumerate(segs):
-                seg = self._add_segment(sg.Segment(0, path, size, sealed=True))
+                seg = self._segs.add(sg.Segment(0, path, size, sealed=True))
                 # records in log order, timed between the segment's birth and the next
                 # one's (its mtime moves when a hole is punched in it)
                 end = segs[i + 1][1] if i + 1 < len(segs) else mtime
@@ -128,12 +119,12 @@ class DiskTier:
             newest = {name: v for _, name, v in entries}   # a block stored twice
             for _, name, v in entries:
                 if sg.loc_sid(v):
-                    self._segs[sg.loc_sid(v)].live += 1
+                    self._segs.by_id[sg.loc_sid(v)].live += 1
                 if newest[name] == v:
                     self._index[name] = v
                     self.used += sg.loc_len(v)
             dead = [self._dead(name, v) for _, name, v in entries if newest[name] != v]
-            dead += [self._drop(seg) for seg in list(self._segs.values()) if seg.live == 0]
+            dead += [self._segs.settle(seg) for seg in list(self._segs.by_id.values())]
         self._release(dead)
         self._evict_to(self.limit)
         return len(self._index)
@@ -180,8 +171,8 @@ class DiskTier:
         try:
             if sg.loc_sid(v):
                 with self._lock:
-                    s = self._segs.get(sg.loc_sid(v))
-                if s is None or not self._use(s):
+                    s = self._segs.by_id.get(sg.loc_sid(v))
+                if s is None or not self._segs.use(s, self.direct):
                     return None, ""                # the segment went meanwhile
                 seg = s
                 length = sg.loc_len(v)
@@ -197,7 +188,7 @@ class DiskTier:
             return None, ""
         finally:
             if seg is not None:
-                self._unref(seg)
+                self._segs.unref(seg)
 
     def _corrupt(self, name: str, v: int, why: str) -> None:
         """Drop a block that could not be read (``why`` empty: an I/O error) unless it
@@ -244,9 +235,9 @@ class DiskTier:
             if name in self._index:
                 return True
         packed = self.pack and n <= self.pack_max
-        if packed and self._spare is None and self._rotates(sg.record_size(n)):
+        if packed and self._segs.spare is None and self._segs.rotates(sg.record_size(n)):
             try:
-                self._make_spare()
+                self._segs.make_spare(self._new_segment)
             except OSError as exc:
                 self._failed(0, exc)
                 return False
@@ -259,7 +250,8 @@ class DiskTier:
             self.used += n
             if packed and self.pack:
                 try:
-                    seg, page = self._reserve(sg.record_size(n), actions)
+                    seg, page = self._segs.reserve(sg.record_size(n), actions,
+                                                   self._new_segment)
                 except OSError as exc:
                     failed = exc
         self._release(actions)
@@ -295,7 +287,7 @@ class DiskTier:
                     seg.pending -= 1
             self._owner[name] = bk.key
         if seg is not None:
-            self._unref(seg)
+            self._segs.unref(seg)
         self._release([action])
         if resumed:
             log.warning("disk cache writes succeed again; caching resumed")
@@ -334,53 +326,6 @@ class DiskTier:
                      "the page cache", self.root)
 
     # -- segments -------------------------------------------------------------------
-    def _add_segment(self, seg: sg.Segment) -> sg.Segment:
-        """Give a segment its id and track it (lock held)."""
-        seg.sid, self._next_sid = self._next_sid, self._next_sid + 1
-        self._segs[seg.sid] = seg
-        return seg
-
-    def _reserve(self, nbytes: int, actions: list) -> tuple[sg.Segment | None, int]:
-        """A place for a record of ``nbytes`` (lock held): (segment, page), the segment
-        referenced and its write pending; (None, 0) if packing just turned off."""
-        seg = self._active
-        if self._rotates(nbytes):
-            if seg is not None:
-                seg.sealed = True
-                self._active = None
-                if seg.live == 0 and seg.pending == 0:
-                    actions.append(self._drop(seg))
-            # made by _make_spare outside the lock; made here only if another thread
-            # took it meanwhile
-            seg, self._spare = self._spare or self._new_segment(), None
-            if seg is None:
-                return None, 0
-            self._add_segment(seg)
-            self._active = seg
-        self._ref(seg)
-        page = seg.size // ALIGN
-        seg.size += nbytes
-        seg.pending += 1
-        return seg, page
-
-    def _rotates(self, nbytes: int) -> bool:
-        """Whether a record of ``nbytes`` needs a new segment (read without the lock
-        by ``_put``: a stale answer costs a spare made early or a creation under it)."""
-        seg = self._active
-        return seg is None or bool(seg.size and seg.size + nbytes > self.segment_bytes)
-
-    def _make_spare(self) -> None:
-        """Create the next segment outside the lock (a file creation can wait on the
-        filesystem's journal, and the trio thread takes this lock in ``contains``)."""
-        seg = self._new_segment()
-        with self._lock:
-            if self._spare is None and seg is not None:
-                self._spare, seg = seg, None
-        if seg is not None:                     # another thread made one first
-            seg.close()
-            sg.unlink(seg.path)
-            sg.unlink(seg.log_path)
-
     def _new_segment(self) -> sg.Segment | None:
         """A new empty segment, descriptors open; None (and packing off) if holes
         cannot be punched where it lives."""
@@ -392,14 +337,12 @@ class DiskTier:
             path, fd, lfd, direct = sg.create(dirpath, self.direct)
         if not direct:
             self._not_direct()
-        seg = sg.Segment(0, path)              # its id comes with _add_segment
+        seg = sg.Segment(0, path)              # its id comes with Segments.add
         seg.fd, seg.lfd = fd, lfd
         try:
             sg.punch_hole(fd, 0, ALIGN)       # can this filesystem give pages back?
         except OSError as exc:
-            seg.close()
-            sg.unlink(path)
-            sg.unlink(seg.log_path)
+            sg.discard(seg)
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
             self.pack = False
@@ -445,61 +388,9 @@ class DiskTier:
             pass
         with self._lock:
             seg.pending -= 1
-            action = self._drop(seg) if (seg.sealed and seg.live == 0 and
-                                         seg.pending == 0 and not seg.dropped) else None
-        self._unref(seg)
+            action = self._segs.settle(seg)
+        self._segs.unref(seg)
         self._release([action])
-
-    def _ref(self, seg: sg.Segment) -> None:
-        """Reference a segment whose descriptors are open (lock held)."""
-        seg.refs += 1
-        self._open[seg.sid] = seg
-        self._open.move_to_end(seg.sid)
-        if len(self._open) > SEGMENT_FDS:
-            for sid, s in list(self._open.items())[:len(self._open) - SEGMENT_FDS]:
-                if s.refs == 0 and s is not self._active:
-                    s.close()
-                    del self._open[sid]
-
-    def _use(self, seg: sg.Segment) -> bool:
-        """Reference a segment's descriptors, opening them (outside the lock) if they
-        are closed; False if the segment was dropped.  Raises OSError."""
-        with self._lock:
-            if seg.dropped:
-                return False
-            if seg.fd is not None:
-                self._ref(seg)
-                return True
-        opened = sg.Segment(seg.sid, seg.path)
-        if not opened.open(self.direct):
-            self._not_direct()
-        with self._lock:
-            ok = not seg.dropped
-            if ok:
-                if seg.fd is None:
-                    seg.fd, seg.lfd = opened.fd, opened.lfd
-                    opened.fd = opened.lfd = None
-                self._ref(seg)
-        opened.close()         # unless used: another thread opened them first, or dropped
-        return ok
-
-    def _unref(self, seg: sg.Segment) -> None:
-        with self._lock:
-            seg.refs -= 1
-            if seg.refs == 0 and seg.dropped:
-                seg.close()
-                self._open.pop(seg.sid, None)
-
-    def _drop(self, seg: sg.Segment):
-        """Forget a segment with no live record (lock held); the action deletes it."""
-        seg.dropped = True
-        self._segs.pop(seg.sid, None)
-        if self._active is seg:
-            self._active = None
-        if seg.refs == 0:
-            seg.close()
-            self._open.pop(seg.sid, None)
-        return ("segment", seg)
 
     # -- eviction ---------------------------------------------------------------------
     def _dead(self, name: str, v: int, free: bool = True):
@@ -509,12 +400,13 @@ class DiskTier:
         sid = sg.loc_sid(v)
         if not sid:
             return ("file", name) if free else None
-        seg = self._segs.get(sid)
+        seg = self._segs.by_id.get(sid)
         if seg is None:
             return None
         seg.live -= 1
-        if seg.live == 0 and seg.sealed and seg.pending == 0:
-            return self._drop(seg)
+        gone = self._segs.settle(seg)
+        if gone is not None:
+            return gone
         if not free:
             return None
         return ("record", seg, name, v)
@@ -534,7 +426,7 @@ class DiskTier:
                 _, seg, name, v = a
                 page, n = sg.loc_page(v), sg.loc_len(v)
                 try:
-                    if not self._use(seg):
+                    if not self._segs.use(seg, self.direct):
                         continue                   # the whole segment went meanwhile
                 except OSError:
                     continue                       # its pages stay until the segment goes
@@ -547,7 +439,7 @@ class DiskTier:
                     if exc.errno in (errno.EOPNOTSUPP, errno.ENOSYS):
                         self.pack = False
                 finally:
-                    self._unref(seg)
+                    self._segs.unref(seg)
 
     def _pick_victim(self) -> str | None:
         if not self._index:
@@ -616,7 +508,7 @@ class DiskTier:
         and tools that inspect or damage the cache; ``stored_blocks`` lists them all."""
         with self._lock:
             v = self._index.get(bk.name())
-            seg = self._segs.get(sg.loc_sid(v)) if v is not None else None
+            seg = self._segs.by_id.get(sg.loc_sid(v)) if v is not None else None
         if v is None:
             return None
         if seg is not None:
