@@ -1,4 +1,5 @@
-"""Segment files: the disk tier's small blocks, many to a file.
+"""Segment files: the disk tier's blocks of up to ``disk.PACK_MAX`` (8 MiB), many to a
+file.
 
 Creating a file costs more CPU than writing 100 KB into one (0.5-0.8 ms for the
 open(O_CREAT) alone against 0.03 ms for an O_DIRECT append of 100 KB here, thread CPU
@@ -16,8 +17,8 @@ creation serves a whole segment (``SEGMENT_BYTES``).  Layout, under
                  key hash (16) | u32 page | u32 data length | u32 kind | u32 xxh32 of
                  the 28 bytes before it
 
-``<stem>`` is the segment's creation time in ns, 16 hex digits.  A record is exactly
-the per-block file of ``disk.py`` with the key hash in its trailer, so it is written
+``<stem>`` is the segment's creation time in ns, 16 hex digits.  A record is laid out
+as a block file (``blockfiles.py``) with the key hash in its trailer, so it is written
 with O_DIRECT from the same page-aligned buffers and read in one call into a fresh
 buffer, the data returned as a view without a copy.
 
@@ -50,9 +51,9 @@ import xxhash
 # O_DIRECT granularity: the page size, a multiple of every disk's logical block size.
 ALIGN = 4096
 # Bytes per segment file.  The file creation (two files: .seg, .idx) is spread over
-# this many bytes of blocks: 640 blocks of 100 KB, 8 of 8 MiB.  Larger segments mean fewer files
-# and file descriptors (the disk tier keeps ``SEGMENT_FDS`` segments open); smaller
-# ones a shorter log.  Eviction is per record, so the size does not change what is
+# this many bytes of blocks: 640 blocks of 100 KB, 8 of 8 MiB.  Larger segments mean
+# fewer files and file descriptors (``SEGMENT_FDS`` segments stay open); smaller ones a
+# shorter log.  Eviction is per record, so the size does not change what is
 # kept: 64 MiB keeps a 20 GiB cache at ~320 segments.
 SEGMENT_BYTES = 64 << 20
 # Segments whose two descriptors stay open between uses (reads need no open/close:
