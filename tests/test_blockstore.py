@@ -115,10 +115,12 @@ def test_corrupt_disk_block_is_refetched(tmp_path):
         await store.read(obj, 0, len(data))
         await trio.sleep(0.2)
     run_with_store(store, fn)
-    path = store.disk._path(BlockKey(obj.key, obj.version, 1).name())
-    raw = bytearray(open(path, "rb").read())
-    raw[100] ^= 1
-    open(path, "wb").write(bytes(raw))
+    path, off, _ = store.disk.locate(BlockKey(obj.key, obj.version, 1))
+    with open(path, "r+b") as f:              # flip one bit of the block's data
+        f.seek(off + 100)
+        b = f.read(1)[0]
+        f.seek(off + 100)
+        f.write(bytes([b ^ 1]))
     be2, store2, obj2 = make(tmp_path, data, mem=BS, delay=0)
 
     async def fn2():

@@ -4,7 +4,11 @@ import time
 
 import pytest
 
-from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
+from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier, stored_blocks
+
+# DiskTier(..., pack_max=FILES) keeps every block in its own file (the layout of blocks
+# over disk.PACK_MAX); tests of segment files are in tests/test_segments.py.
+FILES = 0
 
 
 def test_memory_tier_is_bounded_in_bytes():
@@ -41,7 +45,7 @@ def test_disk_roundtrip_and_version_isolation(tmp_path):
 
 
 def test_disk_survives_restart_and_drops_partial_writes(tmp_path):
-    d = DiskTier(str(tmp_path), 1 << 20)
+    d = DiskTier(str(tmp_path), 1 << 20, pack_max=FILES)
     d.load()
     k = BlockKey("x", "v", 3)
     d.put(k, b"data" * 10)
@@ -55,7 +59,7 @@ def test_disk_survives_restart_and_drops_partial_writes(tmp_path):
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "header"])
 def test_corrupt_block_is_dropped_never_served(tmp_path, damage):
-    d = DiskTier(str(tmp_path), 1 << 20)
+    d = DiskTier(str(tmp_path), 1 << 20, pack_max=FILES)
     d.load()
     k = BlockKey("x", "v", 0)
     d.put(k, bytes(range(256)) * 4)
@@ -73,20 +77,26 @@ def test_corrupt_block_is_dropped_never_served(tmp_path, damage):
     assert d.corrupt_blocks == 1 and not d.contains(k)
 
 
-def test_disk_evicts_to_limit(tmp_path):
-    d = DiskTier(str(tmp_path), 10_000)
+@pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
+def test_disk_evicts_to_limit(tmp_path, pack_max):
+    d = DiskTier(str(tmp_path), 10_000, pack_max=pack_max)
     d.load()
     for i in range(30):
         assert d.put(BlockKey("f", "v", i), bytes(1000))
     assert d.used <= 10_000
     assert d.get(BlockKey("f", "v", 29)) is not None
     assert d.get(BlockKey("f", "v", 0)) is None
-    files = [p for p in (tmp_path / "blocks").rglob("*") if p.is_file()]
-    assert len(files) == len(d)
+    assert len(stored_blocks(str(tmp_path))) == len(d) == 10
+    # what the files hold on disk: the live blocks' pages (evicted records' pages are
+    # punched out of their segment), one 4 KiB page each
+    held = sum(p.stat().st_blocks * 512 for p in (tmp_path / "blocks").rglob("*")
+               if p.is_file() and p.suffix != ".idx")
+    assert held <= 10 * 4096
 
 
-def test_epoch_aware_eviction_hook(tmp_path):
-    d = DiskTier(str(tmp_path), 3000)
+@pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
+def test_epoch_aware_eviction_hook(tmp_path, pack_max):
+    d = DiskTier(str(tmp_path), 3000, pack_max=pack_max)
     d.load()
     consumed = {"old-but-unread"}
     d.evict_rank = lambda key: 0 if key not in consumed else 1
@@ -102,18 +112,16 @@ def test_epoch_aware_eviction_hook(tmp_path):
     assert d.used <= 3000
 
 
-def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
-    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=0.3)
+@pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
+def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog, pack_max):
+    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=0.3, pack_max=pack_max)
     d.load()
-    os.chmod(tmp_path / "blocks", 0o500)
-    try:
-        if os.geteuid() == 0:
-            # root ignores modes: make the shard directory a file instead
-            k = BlockKey("x", "v", 0)
-            (tmp_path / "blocks" / k.name()[:2]).write_bytes(b"not a dir")
-        ok = d.put(BlockKey("x", "v", 0), b"abc")
-    finally:
-        os.chmod(tmp_path / "blocks", 0o700)
+    # where the block would go is a file, not a directory (root ignores modes)
+    k = BlockKey("x", "v", 0)
+    obstacle = tmp_path / "blocks" / (k.name()[:2] if pack_max == FILES else "segments")
+    obstacle.write_bytes(b"not a dir")
+    ok = d.put(k, b"abc")
+    obstacle.unlink()
     assert ok is False and d.writable is False
     assert "disk cache write failed" in caplog.text
     assert d.put(BlockKey("y", "v", 1), b"abc") is False  # resting before a retry
@@ -122,26 +130,35 @@ def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog):
     assert d.writable is True
 
 
-def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkeypatch):
+@pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
+def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkeypatch,
+                                                         pack_max):
     """A write that began before another thread's ENOSPC and then succeeds must not
     turn caching back on (CI saw one outage logged twice); only the retry does."""
     import errno
     import threading
-    import neuralcache.store.tiers as cache_mod
-    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=60)
+    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=60, pack_max=pack_max)
     d.load()
     slow, fail = BlockKey("slow", "v", 0), BlockKey("fail", "v", 0)
     release = threading.Event()
-    real_replace = os.replace
+    main = threading.get_ident()
+    real_replace, real_pwrite = os.replace, os.pwrite
 
-    def replace(src, dst):
+    def replace(src, dst):      # the block file's last step
         if slow.name() in dst:
             release.wait(5)
         elif fail.name() in dst:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(cache_mod.os, "replace", replace)
+    def pwrite(fd, data, offset):   # a segment record's write
+        if threading.get_ident() == main:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        release.wait(5)
+        return real_pwrite(fd, data, offset)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "pwrite", pwrite)
     results = {}
     t = threading.Thread(target=lambda: results.setdefault("slow", d.put(slow, b"a" * 10)))
     t.start()
@@ -184,12 +201,13 @@ def test_memory_tier_eviction_frees_blocks():
     assert rss_mb() - before < 60
 
 
-def test_concurrent_writers_never_overshoot_the_limit(tmp_path):
+@pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
+def test_concurrent_writers_never_overshoot_the_limit(tmp_path, pack_max):
     """8 threads storing 1 KiB blocks into a 16 KiB cache: the bytes on disk and the
     accounting stay within the limit at every moment we look (CI once saw 25.2 MB in a
     24 MiB cache)."""
     import threading
-    d = DiskTier(str(tmp_path), 16 << 10)
+    d = DiskTier(str(tmp_path), 16 << 10, pack_max=pack_max)
     d.load()
     worst = []
 
@@ -204,15 +222,16 @@ def test_concurrent_writers_never_overshoot_the_limit(tmp_path):
     for t in ts:
         t.join()
     assert max(worst) <= 16 << 10
-    stored = [p for p in (tmp_path / "blocks").rglob("*")
-              if p.is_file() and not p.name.endswith(".tmp")]
-    assert d.used == sum(d._index.values()) <= 16 << 10
-    assert len(stored) * 1024 <= 16 << 10          # every stored block holds 1 KiB
+    held = [BlockKey(f"w{w}", "v", i) for w in range(8) for i in range(200)]
+    held = [k for k in held if d.contains(k)]
+    assert d.used == 1024 * len(held) == 1024 * len(d) <= 16 << 10
+    assert all(bytes(d.get(k)) == bytes([int(k.key[1:])]) * 1024 for k in held)
+    assert len(stored_blocks(str(tmp_path))) == len(held)   # nothing else on disk
 
 
 def test_block_files_are_whole_pages_with_a_trailer(tmp_path):
     """The layout O_DIRECT needs: data at offset 0, file a multiple of 4 KiB."""
-    d = DiskTier(str(tmp_path), 1 << 30)
+    d = DiskTier(str(tmp_path), 1 << 30, pack_max=FILES)
     d.load()
     for n in (0, 1, 4096 - 24, 4096 - 23, 100_000, 3 << 20):
         data = os.urandom(n)
@@ -226,7 +245,7 @@ def test_block_files_are_whole_pages_with_a_trailer(tmp_path):
 def test_without_o_direct_the_same_bytes_go_through_the_page_cache(tmp_path):
     """What a filesystem that refuses O_DIRECT (EINVAL) gets; tmpfs takes O_DIRECT
     since Linux 6.6, so the switch itself is not reachable here."""
-    d = DiskTier(str(tmp_path), 1 << 30)
+    d = DiskTier(str(tmp_path), 1 << 30, pack_max=FILES)
     d.load()
     d.direct = False
     data = os.urandom(100_000)

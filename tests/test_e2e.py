@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from neuralcache.store.tiers import stored_blocks
+
 from conftest import (cli_env, digest, eventually, is_mounted, mounted, needs_fuse,
                       new_bucket, payload, read_tree, run_cli, upload_tree)
 
@@ -173,12 +175,15 @@ def test_corrupted_cache_block_is_refetched(seaweed, dataset_bucket, tmp_path):
     with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
         read_tree(mp)
         time.sleep(0.5)
-    blocks = sorted(p for p in (tmp_path / "cache").rglob("blocks/*/*") if p.is_file())
+    blocks = [b for sub in (tmp_path / "cache").iterdir() if (sub / "blocks").is_dir()
+              for b in stored_blocks(str(sub))]
     assert blocks
-    for p in blocks:                       # flip one byte in every block
-        raw = bytearray(p.read_bytes())
-        raw[-1] ^= 0xFF
-        p.write_bytes(bytes(raw))
+    for path, off, n in blocks:            # flip the last data byte of every block
+        with open(path, "r+b") as f:
+            f.seek(off + n - 1)
+            b = f.read(1)[0]
+            f.seek(off + n - 1)
+            f.write(bytes([b ^ 0xFF]))
     with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
         got = read_tree(mp)
         s = stats(mp)

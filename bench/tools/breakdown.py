@@ -12,7 +12,9 @@ Three workloads, in one run, each on a fresh mount of an empty cache (except war
 * ``files cold``     N small files read once each in random order by R reader threads
                      (the ImageNet case), no hints;
 * ``files warm``, ``files warm 2``  the next two epochs (new orders) on the same mount,
-                     page cache warm: what each open still costs the daemon.
+                     page cache warm: what each open still costs the daemon;
+* ``files disk``     another epoch, remounted: memory and page cache empty, the small
+                     files' blocks from the disk cache (segment records).
 
 The daemon runs with ``NEURALCACHE_CPU_ACCOUNTING=1`` (neuralcache/cpuacct.py): its
 CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also shown
@@ -193,6 +195,11 @@ def main(argv=None) -> int:
                             mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 2))
                         rows["files warm 2"] = measure(
                             mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 3))
+                        time.sleep(1.0)                  # background disk writes land
+                    drop_page_cache()
+                    with mount("c2") as mnt:
+                        rows["files disk"] = measure(
+                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 4))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"CPU breakdown, {a.rtt_ms:.0f} ms RTT, {size / GIB:.2f} GiB file, {a.files} x "
