@@ -414,3 +414,34 @@ def test_a_closed_file_reopened_for_writing_reads_before_any_write(tmp_path):
 
     trio.run(main)
     assert lf.fd is None          # closed again with its last writer
+
+
+def test_truncate_by_path_racing_the_upload_s_end_keeps_its_file(tmp_path):
+    """pjdfstest truncate/00.t: truncate(2) of a file whose upload ends while the
+    truncate waits for the file's gate.  The upload's end must not drop the LocalFile
+    (and delete its staging file) under the copy on write: that was EIO."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.write.opqueue import Op
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    layer._current[lf.staging] = lf
+    staging = lf.staging
+    held = lf.gate.held_exclusive
+
+    def gate_after_the_upload_ends():
+        layer._on_done(Op(1, "put", node.key, staging=staging),
+                       ObjectInfo(node.key, 5, "etag-1", 0.0))
+        if layer.files.get(node.inode) is not lf:       # dropped: as the uploader would
+            layer.journal.remove_staging(staging)
+        return held()
+
+    async def nothing(*args, **kw):     # the journal record: no committer runs here
+        pass
+
+    lf.gate.held_exclusive = gate_after_the_upload_ends
+    layer._commit_file = layer._settle = nothing
+    out = trio.run(layer.setattr, node, 3, None, None)
+    assert out.size == 3
+    cur = layer.files[node.inode]
+    assert cur.size == 3 and os.pread(os.open(layer.journal.staging_path(cur.staging),
+                                              os.O_RDONLY), 10, 0) == b"loc"

@@ -241,3 +241,23 @@ def test_an_upload_that_keeps_failing_ends_with_its_file(seaweed, s3, bucket, tm
             assert r.returncode == 0, r.stderr
             assert stats(mp)["upload_pending_ops"] == 0
     assert in_bucket(s3, bucket) == {}
+
+
+# -- pjdfstest truncate/00.t: a length changed twice by path ---------------------------
+@pytest.mark.e2e
+@needs_fuse
+def test_truncate_by_path_twice(seaweed, s3, bucket, tmp_path, env):
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        p = mp / "t.bin"
+        p.write_bytes(b"")
+        for size in (1234567, 567, 23456, 1):
+            os.truncate(p, size)
+            assert os.stat(p).st_size == size
+        os.unlink(p)
+        p.write_bytes(b"")
+        os.truncate(p, 1234567)
+        sync(mp, env)                         # the first length is on the remote now
+        os.truncate(p, 567)
+        assert p.read_bytes() == bytes(567)
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"t.bin": bytes(567)}

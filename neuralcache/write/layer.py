@@ -341,7 +341,14 @@ class WriteLayer(NameOps, Barriers):
                 await self._new_local(node.key, node, min(size, node.size))
             if isinstance(h, WriteHandle) and h.lf is None:
                 self._attach(h, lf)
-            await self._truncate(lf, size)
+            # Held like a writer while the gate is awaited: an upload that finishes
+            # meanwhile must not drop the LocalFile and its staging file under the
+            # copy on write (pjdfstest truncate/00.t: EIO, one truncate in ~60).
+            lf.writers += 1
+            try:
+                await self._truncate(lf, size)
+            finally:
+                lf.writers -= 1
             if lf.writers == 0:    # truncate(2) by path: no close() will follow
                 await self._commit_file(lf, seal=True)
                 await self._settle(lf)
