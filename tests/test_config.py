@@ -90,3 +90,22 @@ def test_help_lists_every_option(capsys):
     for flag in ("--cache-dir", "--cache-size", "--memory-cache-size", "--endpoint-url",
                  "--region", "--metadata-ttl", "--allow-other", "--foreground", "-o"):
         assert flag in out
+
+
+def test_the_cli_starts_without_the_daemon_s_imports():
+    """`neuralcache mount` forks its daemon from the CLI process: that process must not
+    have started a thread (numpy's BLAS pool) nor paid for pyfuse3/boto3 (0.5 s of
+    every command), and the control directory's name it uses is the one served."""
+    import subprocess
+    import sys
+
+    from neuralcache.admin.mounts import CONTROL_DIR
+    from neuralcache.fs.control import DIRNAME
+
+    assert CONTROL_DIR == DIRNAME
+    code = ("import os, sys; from neuralcache.admin import cli; cli.build_parser(); "
+            "print(len(os.listdir('/proc/self/task')), "
+            "sorted(m for m in ('numpy', 'pyfuse3', 'boto3', 'botocore') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split(maxsplit=1)
+    assert out == ["1", "[]\n"], out

@@ -16,13 +16,11 @@ import sys
 import time
 
 from .. import __version__
-from ..fs import control
 from . import mounts
 from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
 from ..errors import UserError
 from .sizes import format_size
 
-READY_FD_ENV = "NEURALCACHE_READY_FD"
 # How long `mount` waits for the background daemon to list the source and mount.
 # Listing 1M objects at 1000 per page and 16 prefixes in parallel takes ~1 min at
 # 60 ms; 600 s leaves room for much larger buckets.
@@ -130,10 +128,9 @@ def _setup_logging(cfg: MountConfig, to_file: str | None) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     cfg = build_config(args)
-    ready_fd = os.environ.pop(READY_FD_ENV, None)
-    if cfg.foreground or ready_fd is not None:
-        return _mount_here(cfg, int(ready_fd) if ready_fd else None)
-    return _mount_background(cfg, args.argv)
+    if cfg.foreground:
+        return _mount_here(cfg, None)
+    return _mount_background(cfg)
 
 
 def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
@@ -174,15 +171,18 @@ def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
     return 0
 
 
-def _mount_background(cfg: MountConfig, cfg_argv: list[str]) -> int:
+def _mount_background(cfg: MountConfig) -> int:
+    """Fork the daemon and wait until it serves (or says why not).  A fork, not a new
+    interpreter: this process has imported only the light CLI, so the child starts
+    single-threaded and pays for the daemon's imports once (a re-exec paid for
+    Python's start and the CLI again: 0.5 s of every mount)."""
     os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
     r, w = os.pipe()
-    env = dict(os.environ, **{READY_FD_ENV: str(w)})
-    argv = [sys.executable, "-m", "neuralcache"] + cfg_argv
-    with open(os.devnull, "rb") as devnull:
-        proc = subprocess.Popen(argv, env=env, pass_fds=(w,), stdin=devnull,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _daemon_child(cfg, r, w)        # never returns
     os.close(w)
     line = b""
     deadline = time.monotonic() + MOUNT_WAIT_S
@@ -192,18 +192,49 @@ def _mount_background(cfg: MountConfig, cfg_argv: list[str]) -> int:
         print(f"neuralcache: mounted {cfg.source} on {os.path.abspath(cfg.mountpoint)}")
         return 0
     if line.startswith(b"ERROR "):
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        _wait_child(pid, max(1.0, deadline - time.monotonic()))
         raise UserError(line[6:].decode(errors="replace").strip())
-    rc = proc.wait()
+    rc = _wait_child(pid, None)
     log_file = cfg.log_file or os.path.join(cfg.cache_dir, "neuralcache.log")
     raise UserError(f"the daemon exited (status {rc}) before the mount was ready; "
                     f"see {log_file}")
 
 
+def _daemon_child(cfg: MountConfig, r: int, w: int) -> None:
+    """The forked daemon: its own session, no terminal, no descriptor of the caller's
+    but the ready pipe; exits with the mount's status."""
+    rc = 1
+    try:
+        os.close(r)
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.closerange(3, w)
+        os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
+        rc = _mount_here(cfg, w)
+    except BaseException:   # reported through the pipe and the log by _mount_here
+        rc = 1
+    finally:
+        os._exit(rc)
+
+
+def _wait_child(pid: int, timeout: float | None) -> int | None:
+    """The daemon's exit status once it exits; None if it still runs after timeout."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
 # -- umount ----------------------------------------------------------------------------
 def _daemon_pid(mp: str) -> int | None:
     try:
-        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+        with open(os.path.join(mp, mounts.CONTROL_DIR, "stats.json")) as f:
             return int(json.load(f)["pid"])
     except (OSError, ValueError, KeyError):
         return None
@@ -271,7 +302,7 @@ def _alive(pid: int) -> bool:
 # -- sync (a --writable mount) -----------------------------------------------------------
 def _is_writable(mp: str) -> bool:
     try:
-        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+        with open(os.path.join(mp, mounts.CONTROL_DIR, "stats.json")) as f:
             return bool(json.load(f).get("writable"))
     except (OSError, ValueError):
         return False
@@ -280,7 +311,7 @@ def _is_writable(mp: str) -> bool:
 def _control(mp: str, command: str) -> str:
     """Send ``command`` through MOUNT/.neuralcache/sync; the daemon's answer (the read
     waits until the command is done)."""
-    path = os.path.join(mp, control.DIRNAME, "sync")
+    path = os.path.join(mp, mounts.CONTROL_DIR, "sync")
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
@@ -350,7 +381,7 @@ def read_stats(mp: str) -> dict:
     if entry is None or entry.fstype != mounts.FSTYPE:
         raise UserError(f"{mp} is not a NeuralCache mount")
     try:
-        with open(os.path.join(mp, control.DIRNAME, "stats.json")) as f:
+        with open(os.path.join(mp, mounts.CONTROL_DIR, "stats.json")) as f:
             return json.load(f)
     except OSError as exc:
         raise UserError(f"cannot read stats of {mp}: {exc.strerror} (is the daemon "
@@ -441,7 +472,7 @@ def watch_stats(mp: str, first: dict, interval: float) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     read_stats(args.mountpoint)   # checks it is a live NeuralCache mount
-    with open(os.path.join(args.mountpoint, control.DIRNAME, "trace"), "rb") as f:
+    with open(os.path.join(args.mountpoint, mounts.CONTROL_DIR, "trace"), "rb") as f:
         data = f.read()
     if args.out == "-":
         sys.stdout.buffer.write(data)
@@ -531,7 +562,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
-    args.argv = argv
     try:
         return args.func(args)
     except UserError as exc:

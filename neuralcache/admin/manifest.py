@@ -18,7 +18,6 @@ import time
 from typing import Iterator
 
 from ..errors import BackendError, UserError
-from ..fs import control
 from ..meta.manifest import Manifest, export, sorted_walk
 from ..backends.base import ObjectInfo, valid_key
 from . import mounts
@@ -31,7 +30,7 @@ def _walk_mount(mp: str):
         found, dirs = [], []
         with os.scandir(path) as it:
             for de in it:
-                if not key and de.name == control.DIRNAME:
+                if not key and de.name == mounts.CONTROL_DIR:
                     continue
                 k = f"{key}/{de.name}" if key else de.name
                 if de.is_dir(follow_symlinks=False):

@@ -6,6 +6,9 @@ import re
 from dataclasses import dataclass
 
 FSTYPE = "fuse.neuralcache"
+# The control directory at a mount's root (neuralcache/fs/control.py serves it); named
+# here so that the CLI reaches it without importing the FUSE side (pyfuse3, trio).
+CONTROL_DIR = ".neuralcache"
 
 
 @dataclass

@@ -41,9 +41,10 @@ from typing import Callable
 import pyfuse3
 from predictors.hints import HintStream
 
+from ..admin.mounts import CONTROL_DIR
 from ..errors import UserError
 
-DIRNAME = ".neuralcache"
+DIRNAME = CONTROL_DIR
 DIR_INODE = 2
 STATS_INODE = 3
 HINTS_INODE = 4

@@ -365,6 +365,14 @@ class Operations(pyfuse3.Operations):
             raise
         if self.ns.update_object(node, info):
             log.info("%s changed on the remote (new version %s)", node.key, info.version)
+            # The lookup just before this open gave the kernel the old size, and the
+            # handle reads the new version: without this the kernel would read the
+            # new bytes only up to the old length.  Attributes only (no page locks, so
+            # safe inside a request); pages go by keep_cache=False below.
+            try:
+                pyfuse3.invalidate_inode(node.inode, attr_only=True)
+            except OSError:
+                pass
 
     @_edge
     async def read(self, fh, off, size):
