@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from conftest import cli_env, digest, mounted, needs_fuse, new_bucket, payload, run_cli, \
-    upload_tree
+from conftest import cli_env, digest, eventually, mounted, needs_fuse, new_bucket, payload, \
+    run_cli, upload_tree
 from neuralcache.hints import publish_order
 from test_e2e import stats
 
@@ -36,7 +36,7 @@ def nc_mount(seaweed, bucket, tmp_path, *args, name="mnt"):
 
 def test_nothing_is_listed_at_mount_and_a_directory_when_used(seaweed, tree, tmp_path):
     bucket, files = tree
-    with nc_mount(seaweed, bucket, tmp_path) as mp:
+    with nc_mount(seaweed, bucket, tmp_path, "--prefetch", "off") as mp:
         s = stats(mp)
         assert s["metadata_listings"] == 0 and s["files"] == 0       # mount listed nothing
         assert (mp / "train/c03/img007.jpg").read_bytes() == files["train/c03/img007.jpg"]
@@ -49,6 +49,18 @@ def test_nothing_is_listed_at_mount_and_a_directory_when_used(seaweed, tree, tmp
         got = {str(p.relative_to(mp)): p.read_bytes() for p in mp.rglob("*") if p.is_file()}
         assert {k: digest(v) for k, v in got.items()} == {k: digest(v) for k, v in files.items()}
         assert os.stat(mp / "train").st_nlink == 2 + 12
+
+
+def test_a_file_opened_in_one_class_lists_its_sibling_classes_for_the_prefetcher(
+        seaweed, tree, tmp_path):
+    """With prefetch on, the directories beside the one a job reads (the other classes of
+    an ImageNet-style tree) are listed in the background and join the predictors'
+    catalog, as a full listing at mount once made them."""
+    bucket, files = tree
+    with nc_mount(seaweed, bucket, tmp_path) as mp:
+        assert (mp / "train/c03/img007.jpg").read_bytes() == files["train/c03/img007.jpg"]
+        assert eventually(lambda: stats(mp)["metadata_listings"] == 3 + 11, timeout=10)
+        assert eventually(lambda: stats(mp)["files"] == 12 * 30, timeout=10)
 
 
 def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp_path):

@@ -54,6 +54,9 @@ GIB = 1 << 30
 PARTS = ("fetch", "disk_write", "disk_read", "checksum", "ahead", "loop_other",
          "worker_other")
 OPS = ("lookup", "getattr", "open", "read", "flush", "release")
+# What the prefetcher did in a workload (the daemon's stats; deltas).
+PREFETCH_STATS = ("prefetch_bytes_fetched", "prefetch_bytes_used", "readahead_bytes_fetched",
+                  "readahead_bytes_used", "demand_hit_bytes")
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -77,6 +80,7 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
             "fuse_read_sizes": _delta(s1.get("fuse_read_sizes", {}),
                                       s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
+            "prefetch": {k: s1.get(k, 0) - s0.get(k, 0) for k in PREFETCH_STATS},
             "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0,
             "minor_faults": minor_faults(s1["pid"]) - f0}
 
