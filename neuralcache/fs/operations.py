@@ -450,7 +450,7 @@ class Operations(pyfuse3.Operations):
         if self.writes.owns(h):
             await self.writes.flush(h)   # close() returns once the journal has it
         elif h is not None and hasattr(h, "flush"):
-            h.flush()      # installs the hints written (a bad one failed its write())
+            await self._flush_control(h)   # installs the hints (a bad one failed its write)
 
     @_edge
     async def release(self, fh):
@@ -459,9 +459,17 @@ class Operations(pyfuse3.Operations):
             await self.writes.release(h)
         elif h is not None and hasattr(h, "flush"):
             try:
-                h.flush()    # the hints, if no fsync() or FLUSH installed them yet
+                await self._flush_control(h)   # the hints, if no fsync() installed them
             except UserError as exc:     # nobody to tell but the log: close() returned
                 log.warning("hints written and closed, but refused: %s", exc)
+
+    async def _flush_control(self, h) -> None:
+        """A control file's close or fsync.  The hints file seals its order in a worker
+        thread and installs it here (the prefetcher lives on this thread)."""
+        if hasattr(h, "finish"):
+            h.install(await trio.to_thread.run_sync(h.finish))
+        else:
+            h.flush()
 
     # -- a --writable mount: the handlers delegate to neuralcache/write/ ----------------
     def _writable(self):
@@ -511,7 +519,7 @@ class Operations(pyfuse3.Operations):
         file: installs what was written (publish_order's barrier)."""
         h = self._handles.get(fh)
         if h is not None and not isinstance(h, FileHandle) and hasattr(h, "flush"):
-            h.flush()
+            await self._flush_control(h)
             return
         if self.writes is None:
             return

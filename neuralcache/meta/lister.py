@@ -48,8 +48,10 @@ REFRESH_THREADS = 2
 # Subdirectories listed ahead of a readdir at once (a share of LIST_THREADS, so that
 # a job's own listings always find a thread).
 CRAWL_AHEAD = 8
-# Rows compared per step of a refresh (~10 ms of the trio thread each).
-DIFF_CHUNK = 2000
+# Rows compared (or added) per step of a refresh, between which requests are served:
+# ~2.5 ms of the trio thread each on an idle core (2,000 made the longest stat() during
+# refreshes 80 ms on a busy 2-core machine: bench namespace, stat-refresh-max).
+DIFF_CHUNK = 500
 # Names a probe found missing, remembered until the directory's listing completes (a
 # loader asking again and again for a file that is not there costs one HEAD).
 NEGATIVE_MAX = 100_000
@@ -351,11 +353,11 @@ class Lister:
             seq = rows[-1].seq + 1
             await trio.sleep(0)
         items = list(remote.items())
-        for i in range(0, len(items), 1000):
+        for i in range(0, len(items), DIFF_CHUNK):
             claims = self._claims(started)
-            part = [(n, o) for n, o in items[i:i + 1000]
+            part = [(n, o) for n, o in items[i:i + DIFF_CHUNK]
                     if not claims(f"{d.key}/{n}" if d.key else n)]
-            kept += len(items[i:i + 1000]) - len(part)
+            kept += len(items[i:i + DIFF_CHUNK]) - len(part)
             d.foreign += 1                     # names may exist (made here meanwhile)
             added += ns.add_listing(dir_inode, [o for _, o in part if o is not None],
                                     [n for n, o in part if o is None], started)
