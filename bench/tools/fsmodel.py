@@ -279,12 +279,15 @@ def main(argv=None) -> None:
                     help="N sequences (seeds 0..N-1), or A-B (default 200)")
     ap.add_argument("--steps", type=int, default=80, help="calls per sequence (80)")
     ap.add_argument("--rtt-ms", type=float, default=60.0, help="the link's round trip (60)")
-    ap.add_argument("--work-dir", default=None, help="scratch space (a temporary dir)")
+    ap.add_argument("--work-dir", default=None,
+                    help="where the run's directory is made (default: the system's temp)")
     args = ap.parse_args(argv)
     from bench.servers.seaweed import SeaweedServer
     from bench.wan import WanProxyProcess
 
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="nc-fsmodel-"))
+    if args.work_dir:             # a fresh run directory inside it: reruns start clean
+        os.makedirs(args.work_dir, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="nc-fsmodel-", dir=args.work_dir))
     with SeaweedServer(work / "seaweed") as sw, \
             WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=args.rtt_ms) as link:
         sw.client().create_bucket(Bucket="fsmodel")
