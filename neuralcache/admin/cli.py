@@ -19,12 +19,9 @@ from .. import __version__
 from . import mounts
 from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
 from ..errors import UserError
+from .background import start_daemon
 from .sizes import format_size
 
-# How long `mount` waits for the background daemon to list the source and mount.
-# Listing 1M objects at 1000 per page and 16 prefixes in parallel takes ~1 min at
-# 60 ms; 600 s leaves room for much larger buckets.
-MOUNT_WAIT_S = 600.0
 # How long `umount` waits for the daemon to exit after the unmount (cache writes are
 # atomic, and a writable mount's uploads were waited for before unmounting, so this
 # only bounds the wait for a tidy exit).
@@ -130,7 +127,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     cfg = build_config(args)
     if cfg.foreground:
         return _mount_here(cfg, None)
-    return _mount_background(cfg)
+    return start_daemon(cfg, _mount_here)
 
 
 def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
@@ -169,66 +166,6 @@ def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
         report(f"ERROR internal error: {type(exc).__name__}: {exc} (see the log)")
         raise UserError(f"internal error: {type(exc).__name__}: {exc}") from None
     return 0
-
-
-def _mount_background(cfg: MountConfig) -> int:
-    """Fork the daemon and wait until it serves (or says why not).  A fork, not a new
-    interpreter: this process has imported only the light CLI, so the child starts
-    single-threaded and pays for the daemon's imports once (a re-exec paid for
-    Python's start and the CLI again: 0.5 s of every mount)."""
-    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
-    r, w = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        _daemon_child(cfg, r, w)        # never returns
-    os.close(w)
-    line = b""
-    deadline = time.monotonic() + MOUNT_WAIT_S
-    with os.fdopen(r, "rb") as pipe:
-        line = pipe.readline()   # EOF if the child dies
-    if line.startswith(b"READY"):
-        print(f"neuralcache: mounted {cfg.source} on {os.path.abspath(cfg.mountpoint)}")
-        return 0
-    if line.startswith(b"ERROR "):
-        _wait_child(pid, max(1.0, deadline - time.monotonic()))
-        raise UserError(line[6:].decode(errors="replace").strip())
-    rc = _wait_child(pid, None)
-    log_file = cfg.log_file or os.path.join(cfg.cache_dir, "neuralcache.log")
-    raise UserError(f"the daemon exited (status {rc}) before the mount was ready; "
-                    f"see {log_file}")
-
-
-def _daemon_child(cfg: MountConfig, r: int, w: int) -> None:
-    """The forked daemon: its own session, no terminal, no descriptor of the caller's
-    but the ready pipe; exits with the mount's status."""
-    rc = 1
-    try:
-        os.close(r)
-        os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(null, fd)
-        os.closerange(3, w)
-        os.closerange(w + 1, os.sysconf("SC_OPEN_MAX"))
-        rc = _mount_here(cfg, w)
-    except BaseException:   # reported through the pipe and the log by _mount_here
-        rc = 1
-    finally:
-        os._exit(rc)
-
-
-def _wait_child(pid: int, timeout: float | None) -> int | None:
-    """The daemon's exit status once it exits; None if it still runs after timeout."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, 0 if deadline is None else os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.05)
 
 
 # -- umount ----------------------------------------------------------------------------
