@@ -2,6 +2,7 @@
 wait until it serves (or says why it cannot) on a pipe."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -61,6 +62,7 @@ def _daemon_child(cfg: MountConfig, serve_here, r: int, w: int) -> None:
     except BaseException:   # reported through the pipe and the log by serve_here
         rc = 1
     finally:
+        logging.shutdown()  # the log's last lines; then no parent code runs here again
         os._exit(rc)
 
 

@@ -135,6 +135,9 @@ class Prefetcher:
             self._catalog_stale = True
         else:
             self._wanted_dirs.add(parent)
+        # The first directory read under a parent brings its siblings (one level, not
+        # their subtrees): an epoch over a class-per-directory dataset is predicted
+        # from its first files, as when the whole source was listed at mount.
         node = self.ns.get(parent) if siblings and self.enabled else None
         root = node.parent if node is not None else 0
         if root and root not in self._dataset_roots:
@@ -145,8 +148,9 @@ class Prefetcher:
                 self.lister.crawl(root)          # lists them, CRAWL_AHEAD at a time
 
     def _rebuild_catalog(self) -> None:
-        """At most every CATALOG_EVERY_S: the predictors' catalog is rebuilt whole
-        (forgetting what was planned), so directories joining it are batched."""
+        """The predictors' catalog is rebuilt whole (forgetting what was planned):
+        at once while it is small, then at most every CATALOG_EVERY_S, so that
+        directories joining a big one are batched."""
         now = time.monotonic()
         if not self._catalog_stale or (now - self._catalog_at < CATALOG_EVERY_S and
                                        self._catalog_files >= CATALOG_CHEAP_FILES):

@@ -122,9 +122,9 @@ class HintsHandle:
 
     def finish(self) -> object:
         """The written order, sealed (or [] to clear the hints, or None: nothing to
-        install).  Runs in a worker thread (fs/operations.py): sealing an epoch and
-        handing the parse's freed memory back took ~0.1 s that requests on the trio
-        thread waited behind."""
+        install).  Runs in a worker thread (fs/operations.py), so that sealing an
+        epoch and handing the parse's freed memory back (malloc_trim) stay off the
+        trio thread."""
         with self._lock:
             stream, self._stream = self._stream, None
             truncate, self._truncate = self._truncate, False
