@@ -264,7 +264,10 @@ def run(target: WritableMount, scratch: Path, seeds, steps: int) -> None:
     """Run one sequence per seed against a mounted ``target``; AssertionError (with
     the seed and the last calls) on the first difference."""
     for seed in seeds:
+        t0 = time.monotonic()
         Model(target, scratch, seed).run(steps)
+        print(f"fsmodel: seed {seed}: {steps} calls agree ({time.monotonic() - t0:.0f} s)",
+              flush=True)
 
 
 def parse_seeds(text: str) -> range:
