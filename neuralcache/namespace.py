@@ -360,9 +360,12 @@ class Namespace:
         ``new_parent``, keeping inode numbers; the caller removed any target first."""
         old_parent = self.dirs.get(node.parent)
         np = self.dirs[new_parent.inode]
-        node.parent, node.name = new_parent.inode, new_name
+        # One UPDATE for parent and name: in between, (new parent, old name) may be
+        # another live entry's (rename a/x -> b/y beside b/x: the fsmodel found it).
+        node._parent, node._name = new_parent.inode, new_name
+        self.rows.set_many(node.inode, parent=new_parent.inode, name=new_name,
+                           seq=np.next_seq)
         node.checked = time.monotonic()        # a listing begun before must not undo it
-        self.rows.set(node.inode, "seq", np.next_seq)
         np.next_seq += 1
         if not np.complete:
             np.foreign += 1

@@ -247,6 +247,21 @@ def test_node_changes_are_kept_in_the_table():
         ns.close()
 
 
+def test_a_move_beside_an_entry_with_the_old_name():
+    """rename a/x -> b/y while b/x exists (bench.tools.fsmodel seed 12): parent and name
+    change in one step, never through (b, x)."""
+    ns = Namespace()
+    try:
+        ns.put_file("a/x", 1, "v1", 1.0)
+        other = ns.put_file("b/x", 2, "v2", 1.0).inode
+        node = ns.by_path("a/x")
+        ns.move(node, ns.by_path("b"), "y")
+        assert ns.by_path("b/y").inode == node.inode and ns.by_path("b/x").inode == other
+        assert ns.by_path("a/x") is None
+    finally:
+        ns.close()
+
+
 @pytest.mark.parametrize("bad", ["", "/abs", "a//b", "../x", "a/../b", "a/./b", "x\x00y",
                                  "a/" + "n" * 256])
 def test_valid_key_rejects_escapes(bad):
