@@ -143,9 +143,6 @@ class HintsHandle:
         if order is not None:
             self._apply(order)
 
-    def flush(self) -> None:
-        self.install(self.finish())
-
 
 class QueryHandle:
     """``.neuralcache/query``: write lines ``cached PATH`` or ``version PATH`` (PATH

@@ -449,27 +449,24 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)
         if self.writes.owns(h):
             await self.writes.flush(h)   # close() returns once the journal has it
-        elif h is not None and hasattr(h, "flush"):
-            await self._flush_control(h)   # installs the hints (a bad one failed its write)
+        elif h is not None and hasattr(h, "finish"):
+            await self._install_hints(h)   # (a bad hint failed the write that carried it)
 
     @_edge
     async def release(self, fh):
         h = self._handles.pop(fh, None)
         if self.writes is not None and self.writes.owns(h):
             await self.writes.release(h)
-        elif h is not None and hasattr(h, "flush"):
+        elif h is not None and hasattr(h, "finish"):
             try:
-                await self._flush_control(h)   # the hints, if no fsync() installed them
+                await self._install_hints(h)   # the hints, if no fsync() installed them
             except UserError as exc:     # nobody to tell but the log: close() returned
                 log.warning("hints written and closed, but refused: %s", exc)
 
-    async def _flush_control(self, h) -> None:
-        """A control file's close or fsync.  The hints file seals its order in a worker
-        thread and installs it here (the prefetcher lives on this thread)."""
-        if hasattr(h, "finish"):
-            h.install(await trio.to_thread.run_sync(h.finish))
-        else:
-            h.flush()
+    async def _install_hints(self, h) -> None:
+        """The hints file's close or fsync: its order is sealed in a worker thread and
+        installed here (the prefetcher lives on this thread)."""
+        h.install(await trio.to_thread.run_sync(h.finish))
 
     # -- a --writable mount: the handlers delegate to neuralcache/write/ ----------------
     def _writable(self):
@@ -518,8 +515,8 @@ class Operations(pyfuse3.Operations):
         """Returns once the remote has the file (EIO if it cannot get it); the hints
         file: installs what was written (publish_order's barrier)."""
         h = self._handles.get(fh)
-        if h is not None and not isinstance(h, FileHandle) and hasattr(h, "flush"):
-            await self._flush_control(h)
+        if h is not None and not isinstance(h, FileHandle) and hasattr(h, "finish"):
+            await self._install_hints(h)
             return
         if self.writes is None:
             return
