@@ -1,0 +1,45 @@
+"""Before/after on the namespace scenario's 1.28 M-file POSIX tree: mount time, daemon
+RSS after mount and after stat-ing files, and the longest stat() of never-seen files
+over WINDOW seconds with --metadata-ttl TTL (code before 996136b re-listed the whole
+tree every TTL on the trio thread; later code refreshes directories in the background).
+
+    python -m bench.tools.million TREE CODE_DIR LABEL
+
+TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
+DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (the
+"before" is `git worktree add DIR 9016e36`).
+"""
+import json, os, random, subprocess, sys, time
+src, code, label = sys.argv[1], sys.argv[2], sys.argv[3]
+TTL, WINDOW = 30, 75
+mnt, cache = f"/tmp/nsba-{label}", f"/tmp/nsba-{label}-cache"
+os.makedirs(mnt, exist_ok=True)
+env = dict(os.environ, PYTHONPATH=code)
+nc = [sys.executable, "-m", "neuralcache"]
+def rss(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+t0 = time.monotonic()
+r = subprocess.run(nc + ["mount", src, mnt, "--cache-dir", cache, "--metadata-ttl", str(TTL)], env=env, cwd=code, capture_output=True, text=True, timeout=900)
+mount_s = time.monotonic() - t0
+assert r.returncode == 0, r.stderr
+try:
+    pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
+    rss_mount = rss(pid)
+    dirs = sorted(os.listdir(f"{mnt}/train"))
+    rnd = random.Random(0)
+    lat = []
+    end = time.monotonic() + WINDOW
+    n = 0
+    while time.monotonic() < end:
+        d = rnd.choice(dirs)
+        p = f"{mnt}/train/{d}/{d}_{10026 + 7 * rnd.randrange(1281)}.JPEG"
+        t1 = time.monotonic(); os.stat(p); lat.append(time.monotonic() - t1); n += 1
+    lat.sort()
+    out = {"label": label, "code": code, "mount_s": round(mount_s, 2), "rss_mount_mb": round(rss_mount, 1),
+           "rss_after_stats_mb": round(rss(pid), 1), "stats": n, "stat_max_ms": round(lat[-1] * 1e3, 1),
+           "stat_p99_ms": round(lat[int(len(lat) * .99)] * 1e3, 2), "ttl_s": TTL, "window_s": WINDOW}
+    print(json.dumps(out))
+finally:
+    subprocess.run(nc + ["umount", mnt], env=env, cwd=code, capture_output=True, timeout=600)
+    subprocess.run(["rm", "-rf", cache])
