@@ -8,6 +8,7 @@ sent to systemd (``READY=1`` on $NOTIFY_SOCKET) when run as a Type=notify servic
 from __future__ import annotations
 
 import fcntl
+import functools
 import gc
 import json
 import logging
@@ -309,7 +310,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     ops = Operations(ns, lister, store, backend, stats, metadata_ttl=cfg.metadata_ttl,
                      readahead_bytes=cfg.readahead_size if cfg.readahead else 0,
                      trace=trace, controls=controls, prefetcher=prefetcher, writes=writes)
-    controls.query = ops.answer_query
+    controls.query = functools.partial(control.answer_query, ns, store, writes)
     try:
         pyfuse3.init(ops, mp, _fuse_options(cfg))
     except RuntimeError as exc:

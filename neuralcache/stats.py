@@ -56,6 +56,11 @@ class Stats:
     singleflight_joins: int = 0
     hedged_requests: int = 0
     disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
+    # small files handed to the kernel page cache at open (fs/operations.py _push):
+    # each one is a READ request the kernel does not send
+    pushed_files: int = 0
+    pushed_bytes: int = 0
+    push_errors: int = 0
     # FUSE requests by operation (lookup, getattr, open, read, flush, release, ...) and
     # read requests by size (READ_SIZE_BUCKETS): how many requests a
     # file costs and how the kernel splits reads (bench/breakdown.py reports both).
@@ -134,6 +139,9 @@ class Stats:
             "singleflight_joins": self.singleflight_joins,
             "hedged_requests": self.hedged_requests,
             "disk_writes_skipped": self.disk_writes_skipped,
+            "pushed_files": self.pushed_files,
+            "pushed_bytes": self.pushed_bytes,
+            "push_errors": self.push_errors,
             "demand_hit_bytes": self.demand_hit_bytes,
             "cache_disk_bytes": cache_disk_bytes,
             "cache_disk_blocks": cache_disk_blocks,

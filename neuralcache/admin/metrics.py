@@ -47,6 +47,11 @@ COUNTERS = {
                                          "Disk blocks that failed their checksum"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
+    "neuralcache_pushed_files_total": ("pushed_files",
+                                       "Small files put into the kernel page cache at "
+                                       "open (no READ request follows)"),
+    "neuralcache_pushed_bytes_total": ("pushed_bytes",
+                                       "Bytes put into the kernel page cache at open"),
     # a --writable mount (0 on a read-only one); keys of write/layer.py stats()
     "neuralcache_written_bytes_total": ("written_bytes",
                                         "Bytes applications wrote into the journal"),

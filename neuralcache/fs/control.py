@@ -44,6 +44,7 @@ from predictors.hints import HintStream
 from ..admin.mounts import CONTROL_DIR
 from ..buffers import release_free_memory
 from ..errors import UserError
+from ..store.blocks import Pinned
 
 DIRNAME = CONTROL_DIR
 DIR_INODE = 2
@@ -243,3 +244,22 @@ class Control:
             return ContentHandle(self._trace())
         return HintsHandle(self._apply_hints, self._hints_status(),
                            writing and bool(flags & os.O_TRUNC))
+
+
+def answer_query(ns, store, writes, lines: list[str]) -> bytes:
+    """The ``query`` file's answer (QueryHandle): per line ``cached PATH`` (bytes of the
+    file in the cache tiers) or ``version PATH``; "-" for anything else."""
+    out = []
+    for line in lines:
+        what, _, path = line.partition(" ")
+        node = ns.by_path(path.strip("/"))
+        if node is None or node.is_dir or what not in ("cached", "version"):
+            out.append("-")
+        elif what == "version":
+            out.append(node.version)
+        else:
+            key = writes.remote_key(node) if writes is not None else node.key
+            p = Pinned(key, node.version, node.size)
+            out.append(str(sum(store.block_range(p, i)[1] for i in range(store.nblocks(p))
+                               if store.cached(p, i))))
+    return ("\n".join(out) + "\n").encode("utf-8", "surrogateescape") if out else b""

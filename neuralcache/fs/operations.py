@@ -64,6 +64,11 @@ READDIR_PAGE = 512
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
+# Push at open (_push): a file up to this size whose bytes are in memory goes into the
+# kernel page cache before the open is answered, so its read sends no READ.  1 MiB is
+# the largest READ the kernel sends here (daemon.py raises the read-ahead window): such
+# a file costs exactly one READ, which the push replaces.  0 turns pushing off.
+PUSH_MAX_BYTES = 1 << 20
 
 
 def _errno_for(exc: BaseException) -> int:
@@ -143,6 +148,7 @@ class Operations(pyfuse3.Operations):
         self._handles: dict[int, object] = {}
         self._next_fh = 1
         self._kernel_version: dict[int, str] = {}   # inode -> version last opened
+        self._reading: dict[int, int] = {}          # inode -> open FileHandles
         # A --writable mount: neuralcache.write.layer.WriteLayer, else None (EROFS).
         self.writes = writes
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
@@ -343,8 +349,11 @@ class Operations(pyfuse3.Operations):
             await self._revalidate(node)
         key = self.writes.remote_key(node) if self.writes is not None else node.key
         pinned = Pinned(key, node.version, node.size)
-        keep = self._kernel_version.get(inode) == node.version
+        kv = self._kernel_version.get(inode)
+        keep = kv == node.version
         self._kernel_version[inode] = node.version
+        busy = self._reading.get(inode, 0)
+        self._reading[inode] = busy + 1
         ra = ReadAhead(self.store.block_size, self.readahead_bytes) \
             if self.readahead_bytes > 0 else None
         fh = self._new_fh(FileHandle(node, pinned, ra, ctx.pid))
@@ -354,7 +363,37 @@ class Operations(pyfuse3.Operations):
             t0 = cpuacct.clock()
             self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent)
             cpuacct.charge("ahead", t0)
+        if kv is None and not busy and self.writes is None and not flags & os.O_DIRECT:
+            keep = self._push(node, pinned, ctx.pid)
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
+
+    def _push(self, node: Node, pinned: Pinned, pid: int) -> bool:
+        """A small file whose bytes are in memory goes into the kernel page cache
+        (notify_store) before its open is answered; True: it is there, keep it.  Only
+        when the kernel holds no page of the inode (never opened, or invalidated since)
+        and no handle has it open: no READ of it is then in flight, whose page lock
+        this thread would wait for while the READ waits for this thread.  Read-only
+        mounts only (no dirty pages, no writeback; a --writable one's pages may hold
+        written bytes)."""
+        if not 0 < pinned.size <= PUSH_MAX_BYTES:
+            return False
+        data = self.store.resident(pinned)
+        if data is None:
+            return False
+        st = self.stats
+        try:
+            pyfuse3.notify_store(node.inode, 0, data)
+        except OSError as exc:     # e.g. ENOENT: the kernel dropped the inode meanwhile
+            st.push_errors += 1
+            log.debug("notify_store of %s failed: %s", pinned.key, exc)
+            return False
+        st.pushed_files += 1
+        st.pushed_bytes += len(data)
+        st.bytes_served += len(data)
+        self.trace.record("read", pinned.key, 0, len(data), pid, pinned.size)
+        if self.prefetcher is not None:
+            self.prefetcher.on_read(pinned.key, 0, len(data), pinned.size, pid)
+        return True
 
     async def _revalidate(self, node: Node) -> None:
         """The entry is older than the TTL: ask the remote (one HEAD) before opening."""
@@ -455,7 +494,12 @@ class Operations(pyfuse3.Operations):
     @_edge
     async def release(self, fh):
         h = self._handles.pop(fh, None)
-        if self.writes is not None and self.writes.owns(h):
+        if isinstance(h, FileHandle):
+            ino = h.node.inode
+            n = self._reading.pop(ino, 1) - 1
+            if n:
+                self._reading[ino] = n
+        elif self.writes is not None and self.writes.owns(h):
             await self.writes.release(h)
         elif h is not None and hasattr(h, "finish"):
             try:
@@ -540,24 +584,6 @@ class Operations(pyfuse3.Operations):
                 h.pinned = Pinned(info.key, info.version, p.size)
 
     # -- everything else is read-only ---------------------------------------------------
-    def answer_query(self, lines: list[str]) -> bytes:
-        """The control directory's ``query`` file (fs/control.py QueryHandle)."""
-        out = []
-        for line in lines:
-            what, _, path = line.partition(" ")
-            node = self.ns.by_path(path.strip("/"))
-            if node is None or node.is_dir or what not in ("cached", "version"):
-                out.append("-")
-            elif what == "version":
-                out.append(node.version)
-            else:
-                key = self.writes.remote_key(node) if self.writes is not None else node.key
-                p = Pinned(key, node.version, node.size)
-                out.append(str(sum(self.store.block_range(p, i)[1]
-                                   for i in range(self.store.nblocks(p))
-                                   if self.store.cached(p, i))))
-        return ("\n".join(out) + "\n").encode("utf-8", "surrogateescape") if out else b""
-
     # getxattr and listxattr are not implemented: pyfuse3 answers ENOSYS, and after the
     # first one the kernel stops asking (fc->no_getxattr): `ls -l` of 100k files used to
     # make 200k getxattr requests (security.selinux, system.posix_acl_access).

@@ -145,6 +145,23 @@ class BlockStore:
         return (self.mem.get(bk) is not None or bk in self._flights
                 or (self.disk is not None and self.disk.contains(bk)))
 
+    def resident(self, obj: Pinned) -> bytes | None:
+        """The whole of a one-block object when the memory tier holds it, counted as the
+        demand hit of the read it stands for (fs/operations.py pushes it to the kernel
+        page cache at open); None otherwise.  Never waits, never fetches."""
+        if not 0 < obj.size <= self.block_size:
+            return None
+        bk = BlockKey(obj.key, obj.version, 0)
+        data = self.mem.get(bk)
+        if data is None or len(data) != obj.size:
+            return None
+        st = self.stats
+        st.mem_hits += 1
+        st.demand_hit_blocks += 1
+        st.demand_hit_bytes += len(data)
+        self._used_speculative(bk, len(data))
+        return data
+
     # -- reads ---------------------------------------------------------------------
     async def read(self, obj: Pinned, off: int, size: int) -> bytes | memoryview:
         """Bytes [off, off+size) of ``obj`` (short at end of object): demand read.
