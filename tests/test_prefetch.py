@@ -99,6 +99,18 @@ def test_planned_files_are_not_fetched_again():
     assert be.calls == []
 
 
+def test_a_warm_open_is_observed_but_plans_nothing():
+    """The kernel holds the file's pages: its read never reaches the daemon, so the
+    open teaches the predictor and costs no planning; the next cold open plans."""
+    ns, be, store, pf = setup([P("a", 0, 10, 1.0, 1.0, "hints")], [("a", 10)])
+    seen = []
+    pf.predictor.observe = seen.append
+    run(store, lambda: pf.on_open("elsewhere/x", 1, 1, warm=True))
+    assert be.calls == [] and [e.op for e in seen] == ["open"]
+    run(store, lambda: pf.on_open("elsewhere/y", 1, 1))
+    assert be.calls == [("a", 0, 10)]
+
+
 def test_unread_budget_bounds_prefetch():
     objs = [(f"f{i:02d}", 1 << 20) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,

@@ -361,7 +361,7 @@ class Operations(pyfuse3.Operations):
         self.trace.record("open", node.key, 0, 0, ctx.pid, node.size)
         if self.prefetcher is not None:
             t0 = cpuacct.clock()
-            self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent)
+            self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent, warm=keep)
             cpuacct.charge("ahead", t0)
         if kv is None and not busy and self.writes is None and not flags & os.O_DIRECT:
             keep = self._push(node, pinned, ctx.pid)
