@@ -111,6 +111,26 @@ def test_a_warm_open_is_observed_but_plans_nothing():
     assert be.calls == [("a", 0, 10)]
 
 
+def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):
+    """From the disk tier, not the remote, and bounded by the unread budget: in memory
+    before its open, a small file is pushed to the kernel page cache at open."""
+    from neuralcache.store.blocks import Pinned
+    from neuralcache.store.tiers import BlockKey, DiskTier
+
+    objs = [(f"f{i}", 1 << 20) for i in range(6)]
+    ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,
+                              budget=3 << 20)
+    store.disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
+    for k, s in objs:
+        assert store.disk.put(BlockKey(k, "v", 0), bytes([len(k)]) * s)
+    run(store, lambda: pf.on_open("x", 1, 1))
+    assert be.calls == []                                  # nothing from the remote
+    loaded = [k for k, s in objs if store.mem.get(BlockKey(k, "v", 0)) is not None]
+    assert 3 <= len(loaded) <= 4, loaded                   # the budget holds
+    assert store.resident(Pinned(loaded[0], "v", 1 << 20)) == bytes([2]) * (1 << 20)
+    assert store.stats.prefetch_bytes_fetched == 0
+
+
 def test_unread_budget_bounds_prefetch():
     objs = [(f"f{i:02d}", 1 << 20) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,

@@ -297,7 +297,9 @@ class Prefetcher:
             first = p.offset // bs
             last = min(self.store.nblocks(pinned) - 1, (p.offset + max(length, 1) - 1) // bs)
             for i in range(first, last + 1):
-                if self.store.cached(pinned, i):
+                # a block only on disk is loaded too: in memory before the open, a small
+                # file is pushed to the kernel with it (fs/operations.py _push)
+                if self.store.in_memory(pinned, i):
                     continue
                 if self.store.prefetch(pinned, i, lim.PREFETCH):
                     started += 1

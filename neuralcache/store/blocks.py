@@ -140,6 +140,11 @@ class BlockStore:
         off = index * self.block_size
         return off, max(0, min(self.block_size, obj.size - off))
 
+    def in_memory(self, obj: Pinned, index: int) -> bool:
+        """In the memory tier or on its way there (the disk tier not counted)."""
+        bk = BlockKey(obj.key, obj.version, index)
+        return self.mem.get(bk) is not None or bk in self._flights
+
     def cached(self, obj: Pinned, index: int) -> bool:
         bk = BlockKey(obj.key, obj.version, index)
         return (self.mem.get(bk) is not None or bk in self._flights
@@ -295,6 +300,11 @@ class BlockStore:
                 if flight.kind == lim.DEMAND:
                     st.disk_hits += 1
                     st.demand_hit_blocks += 1
+                elif not flight.joined:
+                    # speculative, from disk: bounded by the unread budget like a fetched
+                    # block, but neither fetched nor "used" in the prefetch counters
+                    self._speculative[bk] = (None, len(data))
+                    self.spec_unread += len(data)
                 self.mem.put(bk, data)
                 return data
         if flight.kind == lim.DEMAND:
