@@ -117,7 +117,7 @@ def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):
     from neuralcache.store.blocks import Pinned
     from neuralcache.store.tiers import BlockKey, DiskTier
 
-    objs = [(f"f{i}", 1 << 20) for i in range(6)]
+    objs = [("big", 2 << 20)] + [(f"f{i}", 1 << 20) for i in range(6)]
     ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,
                               budget=3 << 20)
     store.disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
@@ -125,6 +125,8 @@ def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):
         assert store.disk.put(BlockKey(k, "v", 0), bytes([len(k)]) * s)
     run(store, lambda: pf.on_open("x", 1, 1))
     assert be.calls == []                                  # nothing from the remote
+    assert store.mem.get(BlockKey("big", "v", 0)) is None  # > DISK_LOAD_MAX: on demand
+    objs = objs[1:]
     loaded = [k for k, s in objs if store.mem.get(BlockKey(k, "v", 0)) is not None]
     assert 3 <= len(loaded) <= 4, loaded                   # the budget holds
     assert store.resident(Pinned(loaded[0], "v", 1 << 20)) == bytes([2]) * (1 << 20)

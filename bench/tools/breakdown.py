@@ -3,6 +3,7 @@ emulated WAN: the measurement every data-plane change proves itself with.
 
     python -m bench.breakdown [--size 1G] [--files 2000] [--file-size 100K]
                               [--readers 8] [--rtt-ms 60] [--out bench/out]
+                              [--mount-args "--readahead-size 128M"]
 
 Three workloads, in one run, each on a fresh mount of an empty cache (except warm-disk):
 
@@ -140,6 +141,8 @@ def main(argv=None) -> int:
     ap.add_argument("--readers", type=int, default=8, help="reader threads (default 8)")
     ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip")
     ap.add_argument("--out", default="bench/out", help="directory for breakdown.json")
+    ap.add_argument("--mount-args", default="",
+                    help="extra `neuralcache mount` options, e.g. \"--readahead-size 128M\"")
     a = ap.parse_args(argv)
     size, fsize = parse_size(a.size), parse_size(a.file_size)
     work = Path(tempfile.mkdtemp(prefix="nc-breakdown-"))
@@ -173,7 +176,8 @@ def main(argv=None) -> int:
                 def mount(cache):
                     return mounted("s3://breakdown", work / "mnt", "--endpoint-url",
                                    proxy.endpoint, "--cache-dir", work / cache,
-                                   "--cache-size", str(2 * size + a.files * fsize), env=env)
+                                   "--cache-size", str(2 * size + a.files * fsize),
+                                   *a.mount_args.split(), env=env)
 
                 def bigread(mnt):
                     def run():
