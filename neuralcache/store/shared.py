@@ -118,10 +118,14 @@ BREAKER_SILENCE = 2.0
 # BREAKER_OPEN_S.  Half a second of silence costs the reads in it one deadline each.
 BREAKER_SILENCE_MIN_S = 0.5
 BREAKER_OPEN_S = 5.0
-# Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
-# (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
-# bounds what a stalled tier can tie up.
-SHARED_THREADS = 32
+# Worker threads for the requests a reader may wait on (lookups, leases, lease polls).
+# Abandoned (timed-out) requests keep their thread until urllib3's own 5 s timeout, so
+# this also bounds what a stalled tier can tie up.  A cold lookup is two requests at
+# once (the block and the lease), so 64 threads serve 32 loads at a time; the writers
+# (WRITERS) have threads of their own and never hold one of these.  (32 shared with
+# the writers held lookups of the first epoch's burst -- ~20 loads per node at once,
+# each two requests -- behind each other and behind the PUTs.)
+SHARED_THREADS = 64
 # Background write-through: bytes queued (like BlockStore's disk queue: enough for one
 # read-ahead window of 8 x 8 MiB blocks) and concurrent PUTs (4 x ~100 MB/s in-region
 # is above what one node fetches from the WAN).  A leased block (other nodes are
@@ -181,6 +185,7 @@ class SharedTier:
         self.origin_latency = origin_latency or (lambda q: 0.1)
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
+        self._write_threads = trio.CapacityLimiter(WRITERS)   # PUTs, lease deletes
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._lat_lock = threading.Lock()
         self._failures = 0
@@ -275,7 +280,8 @@ class SharedTier:
         return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S,
                                          LEASE_WAIT_FACTOR * own + LEASE_WAIT_PAD_S))
 
-    async def _call(self, fn, *args, deadline: float | None = None, breaker: bool = True):
+    async def _call(self, fn, *args, deadline: float | None = None, breaker: bool = True,
+                    limiter: trio.CapacityLimiter | None = None):
         """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
         timeout (counted; with ``breaker``, a step toward opening it)."""
         t0 = time.monotonic()
@@ -292,7 +298,7 @@ class SharedTier:
 
         with trio.move_on_after(deadline or self.deadline()):
             try:
-                out = await trio.to_thread.run_sync(timed, limiter=self._threads,
+                out = await trio.to_thread.run_sync(timed, limiter=limiter or self._threads,
                                                     abandon_on_cancel=True)
             except BackendError as exc:
                 self._failed("error", exc, breaker)
@@ -501,7 +507,7 @@ class SharedTier:
     async def _delete_lease(self, bk: BlockKey) -> None:
         try:
             await self._call(self.bucket.delete, self.lease_object(self._hash(bk)),
-                             breaker=False)
+                             breaker=False, limiter=self._write_threads)
         except _Failed:
             pass     # waiters give up after lease_wait() anyway
 
@@ -510,10 +516,10 @@ class SharedTier:
             ok = False
             try:
                 body = await trio.to_thread.run_sync(
-                    lambda: pack(self._header(bk, data), data), limiter=self._threads)
+                    lambda: pack(self._header(bk, data), data), limiter=self._write_threads)
                 await self._call(self.bucket.put, self.block_object(self._hash(bk)), body,
                                  deadline=max(PUT_DEADLINE_S, self.deadline()),
-                                 breaker=False)
+                                 breaker=False, limiter=self._write_threads)
                 self.c["shared_writes"] += 1
                 self.c["shared_bytes_written"] += len(data)
                 ok = True
@@ -565,7 +571,7 @@ def open_shared(cfg, backend, origin_latency) -> SharedTier:
     """The shared tier a MountConfig asks for (``cfg.shared_cache`` is set)."""
     bucket, prefix = parse_shared_url(cfg.shared_cache)
     sb = SharedBucket(bucket, prefix, endpoint_url=cfg.shared_cache_endpoint,
-                      region=cfg.shared_cache_region, concurrency=SHARED_THREADS,
+                      region=cfg.shared_cache_region, concurrency=SHARED_THREADS + WRITERS,
                       profile=cfg.shared_cache_profile)
     source_id, key_prefix = source_identity(backend, cfg.endpoint_url, cfg.source)
     return SharedTier(sb, source_id, key_prefix, cfg.block_size,
