@@ -9,7 +9,8 @@ Objects (under ``--shared-cache s3://BUCKET[/PREFIX]``)::
 
 ``h`` = xxh3_128 of (source identity, full object key, version/ETag, block size, block
 index): a changed origin object has a new ETag, so it can never be served an old block.
-The block object is ``b"NCS1" | u32 header length | header JSON | data``; the header
+The block object is ``b"NCS1" | u32 header length | header JSON | data`` (names, format
+and the bucket client: store/sharedobj.py); the header
 names the source, key, version, block size, index, length and xxh3_64 of the data, and
 every read checks all of them.  A mismatch (torn write, a bug, a hostile or confused
 writer, an xxh3_128 collision) is a miss and a log line, and the block is overwritten
@@ -36,7 +37,7 @@ answers, but slowly, raises its own deadline (late answers count in the p90) up 
 DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
-checkpoint loaded by every node): a lease.  After a shared miss the node creates the
+checkpoint loaded by every node): a lease.  On a miss the node creates the
 lease object with a conditional put (``If-None-Match: *``: exactly one creator wins,
 the rest get 412; checked here on SeaweedFS 4.48 with 8 racing creators, documented by
 AWS S3 since Aug 2024; docs/many-nodes.md has a probe for other stores).  The winner
@@ -49,11 +50,23 @@ shared tier, or fetch from the origin themselves when it does not come or a poll
 the lease gone.  The lease is taken before the origin request queues, never while
 holding a backend slot, so nodes waiting on each other cannot deadlock.
 
-Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
-WRITERS tasks; when full, the block is not written (counted), a reader never waits.
+The order of a lookup follows the tier's recent hit rate (``cold()``, COLD_*): warm,
+the block is asked for first and the lease only on a miss (a hit is one request); cold
+(fewer than half of the last lookups hit: a new dataset's first epoch), the block and
+the lease are asked for at once, so that a miss costs one round trip before the origin
+fetch instead of two in a row.  Both are asked for: a block whose lease is gone is
+found all the same.
 
-Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads
-(``SHARED_THREADS`` at most); bookkeeping runs on the trio thread, like BlockStore.
+Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
+WRITERS tasks; when full, the block is not written (counted), a reader never waits.  A
+block in that queue (or being PUT) is served from it to this node's own readers
+(``shared_queue_hits``): it was fetched here, under this node's lease, and a lookup
+would find that lease and wait for this node's own PUT.
+
+Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads:
+``SHARED_THREADS`` at most for lookups, leases and polls, WRITERS more for the
+write-through (it never holds a thread a reader waits for); bookkeeping runs on the
+trio thread, like BlockStore.
 """
 from __future__ import annotations
 
