@@ -140,3 +140,32 @@ def test_a_block_waiting_for_its_write_through_is_served_from_the_queue():
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_a_reader_waits_on_another_nodes_prefetch_about_one_origin_fetch():
+    """Node B's prefetch (reading ahead, into the next epoch's share) took the lease on a
+    block node A's reader needs now; B's PUT is slow (it queues behind B's own blocks).
+    A reads the lease once, sees a prefetch took it, and waits about one origin fetch
+    (PREFETCH_WAIT_FACTOR x its origin p90), not lease_wait().  A lease a reader's
+    load took is waited out as before."""
+    b = SlowBucket(latency=0.01)
+
+    async def main():
+        owner, reader = tier(b), tier(b)
+        reader.origin_latency = lambda q: 0.1
+        first, second = BlockKey("k", "v1", 1), BlockKey("k", "v1", 2)
+        assert await owner.get(first, 10, prefetch=True, urgent=lambda: False) is None
+        assert await owner.get(second, 10) is None          # a reader's load
+        assert first in owner._held and second in owner._held
+        assert reader.lease_wait() > 0.5
+        t0 = time.monotonic()
+        assert await reader.get(first, 10) is None          # fetch it ourselves
+        took = time.monotonic() - t0
+        assert 0.1 <= took < 0.35, took
+        assert reader.c["shared_lease_prefetch_owner"] == 1
+        t0 = time.monotonic()
+        assert await reader.get(second, 10) is None
+        assert time.monotonic() - t0 >= reader.lease_wait() - 0.25
+        assert reader.c["shared_lease_prefetch_owner"] == 1
+
+    trio.run(main)

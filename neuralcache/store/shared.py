@@ -85,7 +85,8 @@ import xxhash
 from ..errors import BackendError, NotFound, PermissionDenied, UserError
 from ..stats import percentile
 from .sharedobj import (LAYOUT, MAGIC, MAX_HEADER, SharedBucket,  # noqa: F401 (re-exported)
-                        block_name, pack, parse_shared_url, unpack)
+                        block_name, pack, parse_shared_url, prefetch_lease,
+                        source_identity, unpack)
 from .tiers import BlockKey
 
 log = logging.getLogger(__name__)
@@ -131,13 +132,11 @@ BREAKER_SILENCE = 2.0
 # BREAKER_OPEN_S.  Half a second of silence costs the reads in it one deadline each.
 BREAKER_SILENCE_MIN_S = 0.5
 BREAKER_OPEN_S = 5.0
-# Worker threads for the requests a reader may wait on (lookups, leases, lease polls).
-# Abandoned (timed-out) requests keep their thread until urllib3's own 5 s timeout, so
-# this also bounds what a stalled tier can tie up.  A cold lookup is two requests at
-# once (the block and the lease), so 64 threads serve 32 loads at a time; the writers
-# (WRITERS) have threads of their own and never hold one of these.  (32 shared with
-# the writers held lookups of the first epoch's burst -- ~20 loads per node at once,
-# each two requests -- behind each other and behind the PUTs.)
+# Worker threads for the requests a reader may wait on (lookups, leases, polls); the
+# writers have WRITERS of their own.  Abandoned (timed-out) requests keep their thread
+# until urllib3's own 5 s timeout, so this also bounds what a stalled tier ties up.  A
+# cold lookup is two requests at once: 64 serve the ~20 loads per node a first epoch
+# starts at once (was 32, shared with the writers).
 SHARED_THREADS = 64
 # Background write-through: bytes queued (like BlockStore's disk queue: enough for one
 # read-ahead window of 8 x 8 MiB blocks) and concurrent PUTs (4 x ~100 MB/s in-region
@@ -160,18 +159,20 @@ LEASE_WAIT_FACTOR = 2.0
 LEASE_WAIT_PAD_S = 0.2
 LEASE_WAIT_MIN_S = 0.3
 LEASE_WAIT_MAX_S = 3.0
-# The order of a lookup.  A warm tier (most blocks there): GET the block, and only on a
-# miss create the lease -- a hit costs one request, a miss two in a row before the
-# origin fetch.  A cold tier (a new dataset, the first epoch: nearly every block a
-# miss): the GET and the lease at once -- a miss costs one round trip, a hit one
-# request more (a lease PUT that finds the lease there).  The tier counts as cold
-# while fewer than COLD_HIT_RATE of the last COLD_WINDOW lookups hit (half: where the
-# two orders cost the same number of round trips per lookup; 32 lookups are a few
-# read-ahead windows, so the order follows an epoch boundary within a second), and on
-# a node with fewer than COLD_MIN_LOOKUPS behind it.  Measured (python -m bench run
-# --scenario multinode --quick: 4 nodes, the cluster on the same 2 cores): the serial
-# GET-miss + lease PUT held each block of the first epoch 0.08-0.4 s before its
-# origin fetch.
+# A reader waiting on a lease a *prefetch* of another node took (the lease says so)
+# waits at most PREFETCH_WAIT_FACTOR x its own origin p90 from when it reads that --
+# about its own fetch -- then fetches the block itself (a second WAN fetch).  Such an
+# owner reads ahead (the next epoch's share) and its PUT queues behind the blocks of
+# its own readers: 0.5-0.8 s in the bench's first epoch, which ended with those few
+# blocks.  Leases of demand reads and read-ahead (a checkpoint) are waited out.
+PREFETCH_WAIT_FACTOR = 1.0
+# The order of a lookup.  Warm tier: GET the block, the lease only on a miss (a hit is
+# one request, a miss two in a row before the origin fetch: 0.08-0.4 s per block in
+# the bench's first epoch).  Cold tier: the GET and the lease at once (a miss is one
+# round trip, a hit one request more).  Cold: fewer than COLD_HIT_RATE of the last
+# COLD_WINDOW lookups hit (half: there the two orders cost the same; 32 lookups are a
+# few read-ahead windows, so the order follows an epoch boundary within a second), or
+# fewer than COLD_MIN_LOOKUPS lookups so far.
 COLD_HIT_RATE = 0.5
 COLD_WINDOW = 32
 COLD_MIN_LOOKUPS = 8
@@ -208,8 +209,7 @@ class SharedTier:
         self._held: set[BlockKey] = set()       # leases we created, block not yet written
         # hit (True) or miss of the last COLD_WINDOW lookups: cold() picks their order
         self._outcomes: collections.deque = collections.deque(maxlen=COLD_WINDOW)
-        # blocks this node fetched from the origin whose write-through is queued or
-        # running: a read of one is served from here (it is in the queue anyway)
+        # fetched here, write-through queued or running: reads are served from here
         self._pending: dict[BlockKey, bytes] = {}
         self._send, self._recv = trio.open_memory_channel(WRITE_QUEUE_ENTRIES)
         self._nursery: trio.Nursery | None = None
@@ -383,10 +383,14 @@ class SharedTier:
         n = len(self._outcomes)
         return n < COLD_MIN_LOOKUPS or sum(self._outcomes) < COLD_HIT_RATE * n
 
-    async def get(self, bk: BlockKey, length: int) -> bytes | None:
+    async def get(self, bk: BlockKey, length: int, *, prefetch: bool = False,
+                  urgent=lambda: True) -> bytes | None:
         """The block from the shared tier, or None: go to the origin (then call
         ``fetched``).  Never raises a domain error, never takes longer than the
-        deadline per request (plus lease_wait() when another node is fetching it)."""
+        deadline per request (plus lease_wait() when another node is fetching it).
+        ``prefetch``: a cross-file prefetch loads it; ``urgent()``: a reader waits on
+        this load now (both for the lease: PREFETCH_WAIT_FACTOR)."""
+        ask = (bk, prefetch, urgent)
         data = self._pending.get(bk)
         if data is not None:
             # we fetched it ourselves and its PUT has not finished: evicted here before
@@ -400,11 +404,11 @@ class SharedTier:
         h = self._hash(bk)
         try:
             if self.leases and self.cold():
-                data = await self._lease_and_lookup(bk, h, length)
+                data = await self._lease_and_lookup(ask, h, length)
             else:
                 data = await self._lookup(bk, h, length)
                 if data is None and self.leases:
-                    data = await self._lease_or_wait(bk, h, length)
+                    data = await self._lease_or_wait(ask, h, length)
             self._outcomes.append(data is not None)
         except _Failed:
             data = None
@@ -418,16 +422,18 @@ class SharedTier:
         self.c["shared_bytes_read"] += len(data)
         return data
 
-    async def _take_lease(self, bk: BlockKey, h: str) -> bool:
+    async def _take_lease(self, ask, h: str) -> bool:
         """Create the lease on ``bk`` (True: ours, fetch it) or find it taken; _Failed."""
-        lease = json.dumps({"node": self.node_id, "t": time.time()}).encode()
+        bk, prefetch, urgent = ask
+        lease = json.dumps({"node": self.node_id, "t": time.time(),
+                            "prefetch": bool(prefetch and not urgent())}).encode()
         if await self._call(self.bucket.put, self.lease_object(h), lease, True):
             self._held.add(bk)
             self.c["shared_leases"] += 1
             return True
         return False
 
-    async def _lease_and_lookup(self, bk: BlockKey, h: str, length: int) -> bytes | None:
+    async def _lease_and_lookup(self, ask, h: str, length: int) -> bytes | None:
         """A cold tier's order: the lease and the block at once, so that a miss costs
         one round trip before the origin fetch, not a GET that misses and then the
         lease.  The GET is not skipped: blocks written without a lease (a node with
@@ -442,28 +448,32 @@ class SharedTier:
                 got[name] = _Failed
 
         async with trio.open_nursery() as n:
-            n.start_soon(one, "data", self._lookup, bk, h, length)
-            n.start_soon(one, "lease", self._take_lease, bk, h)
+            n.start_soon(one, "data", self._lookup, ask[0], h, length)
+            n.start_soon(one, "lease", self._take_lease, ask, h)
         data, lease = got["data"], got["lease"]
         if data is not _Failed and data is not None:
-            self._held.discard(bk)           # ours, if we took it: it stays, as after a write
+            self._held.discard(ask[0])           # ours, if we took it: it stays, as after a write
             return data
         if lease is True or lease is _Failed:
             return None                      # fetch it (under our lease, if we hold it)
         if data is _Failed:
             raise _Failed()
-        return await self._wait(bk, h, length)   # another node is fetching it
+        return await self._wait(ask, h, length)   # another node is fetching it
 
-    async def _lease_or_wait(self, bk: BlockKey, h: str, length: int) -> bytes | None:
-        if await self._take_lease(bk, h):
+    async def _lease_or_wait(self, ask, h: str, length: int) -> bytes | None:
+        if await self._take_lease(ask, h):
             return None
-        return await self._wait(bk, h, length)
+        return await self._wait(ask, h, length)
 
-    async def _wait(self, bk: BlockKey, h: str, length: int) -> bytes | None:
-        """Another node holds the lease on ``bk``: poll for its block (None: give up)."""
+    async def _wait(self, ask, h: str, length: int) -> bytes | None:
+        """Another node holds the lease on ``bk``: poll for its block (None: give up).
+        Once a reader waits on this load, the lease is read once: one a prefetch took
+        is waited for PREFETCH_WAIT_FACTOR x the origin p90 at most."""
+        bk, _, urgent = ask
         self.c["shared_lease_waits"] += 1
         t0 = time.monotonic()
         deadline = t0 + self.lease_wait()
+        owner_checked = False
         poll = max(LEASE_POLL_MIN_S, 0.5 * self.origin_latency(0.5))
         n = 0
         try:
@@ -473,10 +483,18 @@ class SharedTier:
                 n += 1
                 try:
                     data = await self._lookup(bk, h, length, again=True)
-                    if data is None and n % 3 == 0 and \
-                            await self._call(self.bucket.get, self.lease_object(h)) is None:
-                        self.c["shared_lease_dropped"] += 1
-                        return None           # the owner gave up: fetch it ourselves
+                    if data is None and (n % 3 == 0 or not owner_checked and urgent()):
+                        lease = await self._call(self.bucket.get, self.lease_object(h))
+                        if lease is None:
+                            self.c["shared_lease_dropped"] += 1
+                            return None       # the owner gave up: fetch it ourselves
+                        if not owner_checked and urgent():
+                            owner_checked = True
+                            if prefetch_lease(lease):
+                                deadline = min(deadline, time.monotonic()
+                                               + PREFETCH_WAIT_FACTOR
+                                               * self.origin_latency(0.9))
+                                self.c["shared_lease_prefetch_owner"] += 1
                 except _Failed:
                     continue                  # one slow poll: keep waiting
                 if data is not None:
@@ -559,7 +577,7 @@ class SharedTier:
             "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
             "shared_breaker_trips", "shared_leases", "shared_lease_waits",
             "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_dropped",
-            "shared_cold_lookups", "shared_queue_hits")
+            "shared_cold_lookups", "shared_queue_hits", "shared_lease_prefetch_owner")
 
     def snapshot(self) -> dict:
         out = {k: self.c[k] for k in self.KEYS}
@@ -568,16 +586,6 @@ class SharedTier:
                    shared_write_queue_bytes=self.queue_bytes,
                    shared_deadline_ms=round(self.deadline() * 1000, 1))
         return out
-
-
-def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str, str]:
-    """(source identity, key prefix) naming the origin the same way on every node: the
-    endpoint (or "aws") and bucket for S3, the directory for a POSIX share; the key
-    prefix joins the mount's prefix to each key, so mounts of s3://b and s3://b/sub
-    share blocks."""
-    if hasattr(backend, "bucket"):
-        return f"{endpoint_url or 'aws'}|s3://{backend.bucket}", backend.prefix
-    return f"file://{source}", ""
 
 
 def open_shared(cfg, backend, origin_latency) -> SharedTier:

@@ -5,7 +5,8 @@ bucket client.
 index); ``pack``/``unpack`` write and read ``b"NCS1" | u32 header length | header JSON |
 data``; ``SharedBucket`` is S3Backend's signing, region discovery and error table plus
 whole-object GET, PUT (optionally create-only) and DELETE.  What the tier does with
-them: store/shared.py's docstring.
+them: store/shared.py's docstring.  Also: how every node names its origin
+(``source_identity``) and what a lease says (``prefetch_lease``).
 """
 from __future__ import annotations
 
@@ -117,3 +118,21 @@ class SharedBucket(S3Backend):
         status, data = self._request("DELETE", name)
         if status not in (200, 204, 404):
             raise self._fail(f"DELETE shared {name}", status, data)
+
+
+def prefetch_lease(body: bytes) -> bool:
+    """Whether a lease object says a cross-file prefetch took it (no reader waiting)."""
+    try:
+        return json.loads(body).get("prefetch") is True
+    except (ValueError, AttributeError):
+        return False
+
+
+def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str, str]:
+    """(source identity, key prefix) naming the origin the same way on every node: the
+    endpoint (or "aws") and bucket for S3, the directory for a POSIX share; the key
+    prefix joins the mount's prefix to each key, so mounts of s3://b and s3://b/sub
+    share blocks."""
+    if hasattr(backend, "bucket"):
+        return f"{endpoint_url or 'aws'}|s3://{backend.bucket}", backend.prefix
+    return f"file://{source}", ""
