@@ -169,3 +169,17 @@ def test_a_reader_waits_on_another_nodes_prefetch_about_one_origin_fetch():
         assert reader.c["shared_lease_prefetch_owner"] == 1
 
     trio.run(main)
+
+
+def test_the_lease_wait_covers_the_write_through_queue():
+    """An owner's block appears in the tier after its fetch *and* its write-through,
+    queue included (0.5-1 s when a first epoch's blocks are all written at once), not
+    after one PUT's round trip: lease_wait() follows this node's own write-throughs,
+    measured from queueing to done, once it has LATENCY_MIN_SAMPLES of them."""
+    t = tier(SlowBucket())
+    t._lat.extend([0.01] * sh.LATENCY_MIN_SAMPLES)          # fast requests
+    short = t.lease_wait()
+    assert short < 0.5
+    t._written.extend([0.9] * sh.LATENCY_MIN_SAMPLES)       # slow write-throughs
+    assert t.lease_wait() >= min(sh.LEASE_WAIT_MAX_S,
+                                 sh.LEASE_WAIT_FACTOR * (0.05 + 0.9)), t.lease_wait()

@@ -86,7 +86,7 @@ from ..errors import BackendError, NotFound, PermissionDenied, UserError
 from ..stats import percentile
 from .sharedobj import (LAYOUT, MAGIC, MAX_HEADER, SharedBucket,  # noqa: F401 (re-exported)
                         block_name, pack, parse_shared_url, prefetch_lease,
-                        source_identity, unpack)
+                        source_identity, unpack, verified)
 from .tiers import BlockKey
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,10 @@ WRITERS = 4
 # Leases.  A waiter first polls the block after half the node's own origin p50 (the
 # owner needs about one origin fetch), then every x1.5 longer, from LEASE_POLL_MIN_S to
 # LEASE_POLL_MAX_S (a few in-region round trips), for at most lease_wait():
-# LEASE_WAIT_FACTOR x (the node's origin p90 + the tier's p90: the owner's fetch and
-# PUT) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
+# LEASE_WAIT_FACTOR x (the node's origin p90 + the p90 of its own write-throughs from
+# queueing to done, or the tier's p90 before LATENCY_MIN_SAMPLES of them: the owner's
+# fetch, queue and PUT -- the queue was 0.5-1 s when an epoch's blocks were all
+# written at once) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
 # soon as a poll finds the lease gone (the owner gave up), the waiter fetches from the
 # origin itself: a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
 # costs each concurrent waiter one lease_wait(), once: the block is written by them.
@@ -201,6 +203,7 @@ class SharedTier:
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
         self._write_threads = trio.CapacityLimiter(WRITERS)   # PUTs, lease deletes
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
+        self._written: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._lat_lock = threading.Lock()
         self._failures = 0
         self._answered = 0.0                     # the last answer, late ones included
@@ -289,7 +292,11 @@ class SharedTier:
         return min(DEADLINE_MAX_S, max(DEADLINE_MIN_S, DEADLINE_FACTOR * p90))
 
     def lease_wait(self) -> float:
-        own = self.origin_latency(0.9) + self.deadline() / DEADLINE_FACTOR
+        with self._lat_lock:
+            put = sorted(self._written)
+        put = (percentile(put, 0.9) if len(put) >= LATENCY_MIN_SAMPLES
+               else self.deadline() / DEADLINE_FACTOR)
+        own = self.origin_latency(0.9) + put
         return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S,
                                          LEASE_WAIT_FACTOR * own + LEASE_WAIT_PAD_S))
 
@@ -347,20 +354,7 @@ class SharedTier:
         body = self.bucket.get(self.block_object(h))
         if body is None:
             return None
-        want = self._header(bk, b"")
-        try:
-            header, data = unpack(body)
-            bad = [k for k in ("src", "key", "ver", "bs", "i") if header.get(k) != want[k]]
-            if bad:
-                raise ValueError(f"header names another block ({', '.join(bad)} differ)")
-            if header.get("len") != length or len(data) != length:
-                raise ValueError(f"{len(data)} bytes, header says {header.get('len')}, "
-                                 f"expected {length}")
-            if header.get("xxh3") != xxhash.xxh3_64_hexdigest(data):
-                raise ValueError("checksum mismatch")
-        except ValueError as exc:
-            return str(exc)
-        return bytes(data)
+        return verified(body, self._header(bk, b""), length)
 
     async def _lookup(self, bk: BlockKey, h: str, length: int,
                       again: bool = False) -> bytes | None:
@@ -520,7 +514,7 @@ class SharedTier:
             self._release(bk)
             return
         try:
-            self._send.send_nowait((bk, data))
+            self._send.send_nowait((bk, data, time.monotonic()))
         except trio.WouldBlock:
             self.c["shared_writes_skipped"] += 1
             self._release(bk)
@@ -543,7 +537,7 @@ class SharedTier:
             pass     # waiters give up after lease_wait() anyway
 
     async def _writer(self) -> None:
-        async for bk, data in self._recv:
+        async for bk, data, queued in self._recv:
             ok = False
             try:
                 body = await trio.to_thread.run_sync(
@@ -553,6 +547,7 @@ class SharedTier:
                                  breaker=False, limiter=self._write_threads)
                 self.c["shared_writes"] += 1
                 self.c["shared_bytes_written"] += len(data)
+                self._written.append(time.monotonic() - queued)
                 ok = True
             except _Failed:
                 self.c["shared_write_errors"] += 1

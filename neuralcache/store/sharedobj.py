@@ -63,6 +63,25 @@ def unpack(body: bytes) -> tuple[dict, memoryview]:
     return header, memoryview(body)[_HEAD.size + n:]
 
 
+def verified(body: bytes, want: dict, length: int) -> bytes | str:
+    """The data of block object ``body`` if its header names the block ``want`` names
+    (source, key, version, block size, index), it is ``length`` bytes and its xxh3
+    matches; else what is wrong with it (a str)."""
+    try:
+        header, data = unpack(body)
+        bad = [k for k in ("src", "key", "ver", "bs", "i") if header.get(k) != want[k]]
+        if bad:
+            raise ValueError(f"header names another block ({', '.join(bad)} differ)")
+        if header.get("len") != length or len(data) != length:
+            raise ValueError(f"{len(data)} bytes, header says {header.get('len')}, "
+                             f"expected {length}")
+        if header.get("xxh3") != xxhash.xxh3_64_hexdigest(data):
+            raise ValueError("checksum mismatch")
+    except ValueError as exc:
+        return str(exc)
+    return bytes(data)
+
+
 class SharedBucket(S3Backend):
     """The shared bucket: S3Backend's signing, region discovery and error table, plus
     whole-object GET, PUT (optionally create-only) and DELETE.  Blocking; one attempt
