@@ -45,9 +45,10 @@ fetches from the origin and writes the block through; the lease stays (a node th
 missed just before that write finds it, waits, and reads the block on its first poll;
 gc and lifecycle rules remove leases with the blocks), and is deleted only when the
 fetch fails or the write is skipped, so that nobody waits for it.  The others poll the
-block object for up to ``lease_wait()`` (about two origin fetches) and read it from the
-shared tier, or fetch from the origin themselves when it does not come or a poll finds
-the lease gone.  The lease is taken before the origin request queues, never while
+block object for up to ``lease_wait()`` (about two origin fetches and write-throughs)
+and read it from the shared tier, or fetch from the origin themselves when it does not
+come or a poll finds the lease gone -- or, for a reader, after about one origin fetch
+when the lease says another node's prefetch took it (PREFETCH_WAIT_FACTOR).  The lease is taken before the origin request queues, never while
 holding a backend slot, so nodes waiting on each other cannot deadlock.
 
 The order of a lookup follows the tier's recent hit rate (``cold()``, COLD_*): warm,
