@@ -312,7 +312,8 @@ class BlockStore:
         off, length = self.block_range(obj, bk.index)
         # the shared tier (store/shared.py), when configured: a miss or any failure of
         # it is None, and the origin fetch below writes the block through
-        data = None if self.shared is None else await self.shared.get(bk, length)
+        data = None if self.shared is None else await self.shared.get(
+            bk, length, prefetch=flight.kind == lim.PREFETCH, urgent=lambda: flight.joined)
         if data is None:
             data = await self._from_origin(bk, obj, flight, off, length)
         if flight.kind != lim.DEMAND:

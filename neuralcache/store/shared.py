@@ -9,7 +9,8 @@ Objects (under ``--shared-cache s3://BUCKET[/PREFIX]``)::
 
 ``h`` = xxh3_128 of (source identity, full object key, version/ETag, block size, block
 index): a changed origin object has a new ETag, so it can never be served an old block.
-The block object is ``b"NCS1" | u32 header length | header JSON | data``; the header
+The block object is ``b"NCS1" | u32 header length | header JSON | data`` (names, format
+and the bucket client: store/sharedobj.py); the header
 names the source, key, version, block size, index, length and xxh3_64 of the data, and
 every read checks all of them.  A mismatch (torn write, a bug, a hostile or confused
 writer, an xxh3_128 collision) is a miss and a log line, and the block is overwritten
@@ -36,7 +37,7 @@ answers, but slowly, raises its own deadline (late answers count in the p90) up 
 DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
-checkpoint loaded by every node): a lease.  After a shared miss the node creates the
+checkpoint loaded by every node): a lease.  On a miss the node creates the
 lease object with a conditional put (``If-None-Match: *``: exactly one creator wins,
 the rest get 412; checked here on SeaweedFS 4.48 with 8 racing creators, documented by
 AWS S3 since Aug 2024; docs/many-nodes.md has a probe for other stores).  The winner
@@ -44,16 +45,29 @@ fetches from the origin and writes the block through; the lease stays (a node th
 missed just before that write finds it, waits, and reads the block on its first poll;
 gc and lifecycle rules remove leases with the blocks), and is deleted only when the
 fetch fails or the write is skipped, so that nobody waits for it.  The others poll the
-block object for up to ``lease_wait()`` (about two origin fetches) and read it from the
-shared tier, or fetch from the origin themselves when it does not come or a poll finds
-the lease gone.  The lease is taken before the origin request queues, never while
+block object for up to ``lease_wait()`` (about two origin fetches and write-throughs)
+and read it from the shared tier, or fetch from the origin themselves when it does not
+come or a poll finds the lease gone -- or, for a reader, after about one origin fetch
+when the lease says another node's prefetch took it (PREFETCH_WAIT_FACTOR).  The lease is taken before the origin request queues, never while
 holding a backend slot, so nodes waiting on each other cannot deadlock.
 
-Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
-WRITERS tasks; when full, the block is not written (counted), a reader never waits.
+The order of a lookup follows the tier's recent hit rate (``cold()``, COLD_*): warm,
+the block is asked for first and the lease only on a miss (a hit is one request); cold
+(fewer than half of the last lookups hit: a new dataset's first epoch), the block and
+the lease are asked for at once, so that a miss costs one round trip before the origin
+fetch instead of two in a row.  Both are asked for: a block whose lease is gone is
+found all the same.
 
-Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads
-(``SHARED_THREADS`` at most); bookkeeping runs on the trio thread, like BlockStore.
+Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
+WRITERS tasks; when full, the block is not written (counted), a reader never waits.  A
+block in that queue (or being PUT) is served from it to this node's own readers
+(``shared_queue_hits``): it was fetched here, under this node's lease, and a lookup
+would find that lease and wait for this node's own PUT.
+
+Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads:
+``SHARED_THREADS`` at most for lookups, leases and polls, WRITERS more for the
+write-through (it never holds a thread a reader waits for); bookkeeping runs on the
+trio thread, like BlockStore.
 """
 from __future__ import annotations
 
@@ -62,28 +76,21 @@ import json
 import logging
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
 
 import trio
-import urllib3
 import xxhash
 
-from ..backends import retry
-from ..backends.s3 import _XML_CODE, S3Backend
-from ..errors import BackendError, NotFound, PermissionDenied, Unavailable, UserError
+from ..errors import BackendError, NotFound, PermissionDenied, UserError
 from ..stats import percentile
+from .sharedobj import (LAYOUT, MAGIC, MAX_HEADER, SharedBucket,  # noqa: F401 (re-exported)
+                        block_name, pack, parse_shared_url, prefetch_lease,
+                        source_identity, unpack, verified)
 from .tiers import BlockKey
 
 log = logging.getLogger(__name__)
-
-MAGIC = b"NCS1"
-_HEAD = struct.Struct("<4sI")
-# Largest header accepted (JSON of a few names; keys are at most 1 KiB on S3).
-MAX_HEADER = 16 << 10
-LAYOUT = "nc1"               # top-level folder under the prefix; bump on format changes
 
 # Deadline of one shared-tier request: DEADLINE_FACTOR x the p90 of the last
 # LATENCY_WINDOW answered requests (lookups, misses and leases alike), within
@@ -126,10 +133,12 @@ BREAKER_SILENCE = 2.0
 # BREAKER_OPEN_S.  Half a second of silence costs the reads in it one deadline each.
 BREAKER_SILENCE_MIN_S = 0.5
 BREAKER_OPEN_S = 5.0
-# Worker threads for shared-tier requests (lookups, lease polls, puts).  Abandoned
-# (timed-out) requests keep their thread until urllib3's own 5 s timeout, so this also
-# bounds what a stalled tier can tie up.
-SHARED_THREADS = 32
+# Worker threads for the requests a reader may wait on (lookups, leases, polls); the
+# writers have WRITERS of their own.  Abandoned (timed-out) requests keep their thread
+# until urllib3's own 5 s timeout, so this also bounds what a stalled tier ties up.  A
+# cold lookup is two requests at once: 64 serve the ~20 loads per node a first epoch
+# starts at once (was 32, shared with the writers).
+SHARED_THREADS = 64
 # Background write-through: bytes queued (like BlockStore's disk queue: enough for one
 # read-ahead window of 8 x 8 MiB blocks) and concurrent PUTs (4 x ~100 MB/s in-region
 # is above what one node fetches from the WAN).  A leased block (other nodes are
@@ -140,8 +149,10 @@ WRITERS = 4
 # Leases.  A waiter first polls the block after half the node's own origin p50 (the
 # owner needs about one origin fetch), then every x1.5 longer, from LEASE_POLL_MIN_S to
 # LEASE_POLL_MAX_S (a few in-region round trips), for at most lease_wait():
-# LEASE_WAIT_FACTOR x (the node's origin p90 + the tier's p90: the owner's fetch and
-# PUT) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
+# LEASE_WAIT_FACTOR x (the node's origin p90 + the p90 of its own write-throughs from
+# queueing to done, or the tier's p90 before LATENCY_MIN_SAMPLES of them: the owner's
+# fetch, queue and PUT -- the queue was 0.5-1 s when an epoch's blocks were all
+# written at once) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
 # soon as a poll finds the lease gone (the owner gave up), the waiter fetches from the
 # origin itself: a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
 # costs each concurrent waiter one lease_wait(), once: the block is written by them.
@@ -151,99 +162,23 @@ LEASE_WAIT_FACTOR = 2.0
 LEASE_WAIT_PAD_S = 0.2
 LEASE_WAIT_MIN_S = 0.3
 LEASE_WAIT_MAX_S = 3.0
-
-
-def parse_shared_url(url: str) -> tuple[str, str]:
-    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix); one-line UserError otherwise."""
-    if not url.startswith("s3://") or not url[5:].split("/")[0]:
-        raise UserError(f"bad --shared-cache {url!r}: expected s3://BUCKET[/PREFIX]")
-    bucket, _, prefix = url[5:].partition("/")
-    return bucket, prefix.strip("/")
-
-
-def block_name(source_id: str, key: str, version: str, block_size: int, index: int) -> str:
-    h = xxhash.xxh3_128_hexdigest(
-        f"{source_id}\0{key}\0{version}\0{block_size}\0{index}".encode("utf-8",
-                                                                        "surrogateescape"))
-    return h
-
-
-def pack(header: dict, data: bytes) -> bytes:
-    meta = json.dumps(header, sort_keys=True).encode()   # ensure_ascii: any key fits
-    return b"".join((_HEAD.pack(MAGIC, len(meta)), meta, data))
-
-
-def unpack(body: bytes) -> tuple[dict, memoryview]:
-    """(header, data view) of a block object; ValueError naming what is wrong."""
-    if len(body) < _HEAD.size:
-        raise ValueError(f"{len(body)} bytes, shorter than the header")
-    magic, n = _HEAD.unpack_from(body)
-    if magic != MAGIC or n > MAX_HEADER or _HEAD.size + n > len(body):
-        raise ValueError("not a NeuralCache shared block (bad magic or header length)")
-    try:
-        header = json.loads(bytes(memoryview(body)[_HEAD.size:_HEAD.size + n]))
-    except ValueError:
-        raise ValueError("unreadable header") from None
-    if not isinstance(header, dict):
-        raise ValueError("unreadable header")
-    return header, memoryview(body)[_HEAD.size + n:]
-
-
-class SharedBucket(S3Backend):
-    """The shared bucket: S3Backend's signing, region discovery and error table, plus
-    whole-object GET, PUT (optionally create-only) and DELETE.  Blocking; one attempt
-    each (a miss is cheap: the caller goes to the origin)."""
-
-    NATIVE_GETS = False       # whole-object GETs only: no obstore store to build
-
-    def _request(self, method: str, name: str, headers=None, body: bytes | None = None):
-        what = f"{method} shared {name}"
-        try:
-            resp = self._signed_get(name, dict(headers or {}), method=method, body=body)
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"{what}: connection failed: {exc}") from None
-        except Exception as exc:  # botocore credential errors and the like
-            raise self._plain(self._classify(exc, what)) from None
-        try:
-            status = resp.status
-            data = resp.read() if method == "GET" and status == 200 else resp.read(4096)
-        except urllib3.exceptions.HTTPError as exc:
-            raise Unavailable(f"{what}: connection failed: {exc}") from None
-        finally:
-            resp.release_conn()
-        return status, data
-
-    @staticmethod
-    def _plain(err: BaseException) -> BaseException:
-        return err.cause if isinstance(err, retry.Transient) else err
-
-    def _fail(self, what: str, status: int, data: bytes) -> BaseException:
-        code = m.group(1).decode() if (m := _XML_CODE.search(data)) else ""
-        return self._plain(self._error(what, status, code))
-
-    def get(self, name: str) -> bytes | None:
-        status, data = self._request("GET", name)
-        if status == 200:
-            return data
-        if status == 404:
-            return None
-        raise self._fail(f"GET shared {name}", status, data)
-
-    def put(self, name: str, body: bytes, create_only: bool = False) -> bool:
-        """Store ``body``; with ``create_only`` only if no object has the name (False if
-        one has: HTTP 412)."""
-        status, data = self._request("PUT", name, {"If-None-Match": "*"} if create_only
-                                     else None, body)
-        if status in (200, 201, 204):
-            return True
-        if create_only and status in (409, 412):   # 409: a concurrent create in flight
-            return False
-        raise self._fail(f"PUT shared {name}", status, data)
-
-    def delete(self, name: str) -> None:
-        status, data = self._request("DELETE", name)
-        if status not in (200, 204, 404):
-            raise self._fail(f"DELETE shared {name}", status, data)
+# A reader waiting on a lease a *prefetch* of another node took (the lease says so)
+# waits at most PREFETCH_WAIT_FACTOR x its own origin p90 from when it reads that --
+# about its own fetch -- then fetches the block itself (a second WAN fetch).  Such an
+# owner reads ahead (the next epoch's share) and its PUT queues behind the blocks of
+# its own readers: 0.5-0.8 s in the bench's first epoch, which ended with those few
+# blocks.  Leases of demand reads and read-ahead (a checkpoint) are waited out.
+PREFETCH_WAIT_FACTOR = 1.0
+# The order of a lookup.  Warm tier: GET the block, the lease only on a miss (a hit is
+# one request, a miss two in a row before the origin fetch: 0.08-0.4 s per block in
+# the bench's first epoch).  Cold tier: the GET and the lease at once (a miss is one
+# round trip, a hit one request more).  Cold: fewer than COLD_HIT_RATE of the last
+# COLD_WINDOW lookups hit (half: there the two orders cost the same; 32 lookups are a
+# few read-ahead windows, so the order follows an epoch boundary within a second), or
+# fewer than COLD_MIN_LOOKUPS lookups so far.
+COLD_HIT_RATE = 0.5
+COLD_WINDOW = 32
+COLD_MIN_LOOKUPS = 8
 
 
 class _Failed(Exception):
@@ -267,13 +202,19 @@ class SharedTier:
         self.origin_latency = origin_latency or (lambda q: 0.1)
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
+        self._write_threads = trio.CapacityLimiter(WRITERS)   # PUTs, lease deletes
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
+        self._written: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._lat_lock = threading.Lock()
         self._failures = 0
         self._answered = 0.0                     # the last answer, late ones included
         self._asked = 0.0                        # the first request after that answer
         self.down = False                        # breaker open: the tier is skipped
         self._held: set[BlockKey] = set()       # leases we created, block not yet written
+        # hit (True) or miss of the last COLD_WINDOW lookups: cold() picks their order
+        self._outcomes: collections.deque = collections.deque(maxlen=COLD_WINDOW)
+        # fetched here, write-through queued or running: reads are served from here
+        self._pending: dict[BlockKey, bytes] = {}
         self._send, self._recv = trio.open_memory_channel(WRITE_QUEUE_ENTRIES)
         self._nursery: trio.Nursery | None = None
         self.c = collections.Counter()           # the stats counters (snapshot())
@@ -352,11 +293,16 @@ class SharedTier:
         return min(DEADLINE_MAX_S, max(DEADLINE_MIN_S, DEADLINE_FACTOR * p90))
 
     def lease_wait(self) -> float:
-        own = self.origin_latency(0.9) + self.deadline() / DEADLINE_FACTOR
+        with self._lat_lock:
+            put = sorted(self._written)
+        put = (percentile(put, 0.9) if len(put) >= LATENCY_MIN_SAMPLES
+               else self.deadline() / DEADLINE_FACTOR)
+        own = self.origin_latency(0.9) + put
         return min(LEASE_WAIT_MAX_S, max(LEASE_WAIT_MIN_S,
                                          LEASE_WAIT_FACTOR * own + LEASE_WAIT_PAD_S))
 
-    async def _call(self, fn, *args, deadline: float | None = None, breaker: bool = True):
+    async def _call(self, fn, *args, deadline: float | None = None, breaker: bool = True,
+                    limiter: trio.CapacityLimiter | None = None):
         """``fn(*args)`` in a worker thread within the deadline; _Failed on error or
         timeout (counted; with ``breaker``, a step toward opening it)."""
         t0 = time.monotonic()
@@ -373,7 +319,7 @@ class SharedTier:
 
         with trio.move_on_after(deadline or self.deadline()):
             try:
-                out = await trio.to_thread.run_sync(timed, limiter=self._threads,
+                out = await trio.to_thread.run_sync(timed, limiter=limiter or self._threads,
                                                     abandon_on_cancel=True)
             except BackendError as exc:
                 self._failed("error", exc, breaker)
@@ -409,20 +355,7 @@ class SharedTier:
         body = self.bucket.get(self.block_object(h))
         if body is None:
             return None
-        want = self._header(bk, b"")
-        try:
-            header, data = unpack(body)
-            bad = [k for k in ("src", "key", "ver", "bs", "i") if header.get(k) != want[k]]
-            if bad:
-                raise ValueError(f"header names another block ({', '.join(bad)} differ)")
-            if header.get("len") != length or len(data) != length:
-                raise ValueError(f"{len(data)} bytes, header says {header.get('len')}, "
-                                 f"expected {length}")
-            if header.get("xxh3") != xxhash.xxh3_64_hexdigest(data):
-                raise ValueError("checksum mismatch")
-        except ValueError as exc:
-            return str(exc)
-        return bytes(data)
+        return verified(body, self._header(bk, b""), length)
 
     async def _lookup(self, bk: BlockKey, h: str, length: int,
                       again: bool = False) -> bytes | None:
@@ -439,18 +372,39 @@ class SharedTier:
         return got
 
     # -- the read side ---------------------------------------------------------------
-    async def get(self, bk: BlockKey, length: int) -> bytes | None:
+    def cold(self) -> bool:
+        """Whether the tier has been missing mostly: fewer than COLD_HIT_RATE of the last
+        COLD_WINDOW lookups found their block (a fresh node counts as cold)."""
+        n = len(self._outcomes)
+        return n < COLD_MIN_LOOKUPS or sum(self._outcomes) < COLD_HIT_RATE * n
+
+    async def get(self, bk: BlockKey, length: int, *, prefetch: bool = False,
+                  urgent=lambda: True) -> bytes | None:
         """The block from the shared tier, or None: go to the origin (then call
         ``fetched``).  Never raises a domain error, never takes longer than the
-        deadline per request (plus lease_wait() when another node is fetching it)."""
+        deadline per request (plus lease_wait() when another node is fetching it).
+        ``prefetch``: a cross-file prefetch loads it; ``urgent()``: a reader waits on
+        this load now (both for the lease: PREFETCH_WAIT_FACTOR)."""
+        ask = (bk, prefetch, urgent)
+        data = self._pending.get(bk)
+        if data is not None:
+            # we fetched it ourselves and its PUT has not finished: evicted here before
+            # it was read (a read-ahead window above the memory tier).  Looking it up
+            # would find our own lease and wait for our own write-through.
+            self.c["shared_queue_hits"] += 1
+            return data
         if self.down:
             self.c["shared_skipped"] += 1
             return None
         h = self._hash(bk)
         try:
-            data = await self._lookup(bk, h, length)
-            if data is None and self.leases:
-                data = await self._lease_or_wait(bk, h, length)
+            if self.leases and self.cold():
+                data = await self._lease_and_lookup(ask, h, length)
+            else:
+                data = await self._lookup(bk, h, length)
+                if data is None and self.leases:
+                    data = await self._lease_or_wait(ask, h, length)
+            self._outcomes.append(data is not None)
         except _Failed:
             data = None
         except Exception:  # a bug here must cost a miss, not the read
@@ -463,16 +417,58 @@ class SharedTier:
         self.c["shared_bytes_read"] += len(data)
         return data
 
-    async def _lease_or_wait(self, bk: BlockKey, h: str, length: int) -> bytes | None:
-        lease = json.dumps({"node": self.node_id, "t": time.time()}).encode()
+    async def _take_lease(self, ask, h: str) -> bool:
+        """Create the lease on ``bk`` (True: ours, fetch it) or find it taken; _Failed."""
+        bk, prefetch, urgent = ask
+        lease = json.dumps({"node": self.node_id, "t": time.time(),
+                            "prefetch": bool(prefetch and not urgent())}).encode()
         if await self._call(self.bucket.put, self.lease_object(h), lease, True):
             self._held.add(bk)
             self.c["shared_leases"] += 1
+            return True
+        return False
+
+    async def _lease_and_lookup(self, ask, h: str, length: int) -> bytes | None:
+        """A cold tier's order: the lease and the block at once, so that a miss costs
+        one round trip before the origin fetch, not a GET that misses and then the
+        lease.  The GET is not skipped: blocks written without a lease (a node with
+        leases off, a lease expired or collected before its block) are found too."""
+        self.c["shared_cold_lookups"] += 1
+        got: dict = {}
+
+        async def one(name, fn, *args):
+            try:
+                got[name] = await fn(*args)
+            except _Failed:
+                got[name] = _Failed
+
+        async with trio.open_nursery() as n:
+            n.start_soon(one, "data", self._lookup, ask[0], h, length)
+            n.start_soon(one, "lease", self._take_lease, ask, h)
+        data, lease = got["data"], got["lease"]
+        if data is not _Failed and data is not None:
+            self._held.discard(ask[0])           # ours, if we took it: it stays, as after a write
+            return data
+        if lease is True or lease is _Failed:
+            return None                      # fetch it (under our lease, if we hold it)
+        if data is _Failed:
+            raise _Failed()
+        return await self._wait(ask, h, length)   # another node is fetching it
+
+    async def _lease_or_wait(self, ask, h: str, length: int) -> bytes | None:
+        if await self._take_lease(ask, h):
             return None
-        # another node is fetching it (or fetched it: the block may be there by now)
+        return await self._wait(ask, h, length)
+
+    async def _wait(self, ask, h: str, length: int) -> bytes | None:
+        """Another node holds the lease on ``bk``: poll for its block (None: give up).
+        Once a reader waits on this load, the lease is read once: one a prefetch took
+        is waited for PREFETCH_WAIT_FACTOR x the origin p90 at most."""
+        bk, _, urgent = ask
         self.c["shared_lease_waits"] += 1
         t0 = time.monotonic()
         deadline = t0 + self.lease_wait()
+        owner_checked = False
         poll = max(LEASE_POLL_MIN_S, 0.5 * self.origin_latency(0.5))
         n = 0
         try:
@@ -482,10 +478,18 @@ class SharedTier:
                 n += 1
                 try:
                     data = await self._lookup(bk, h, length, again=True)
-                    if data is None and n % 3 == 0 and \
-                            await self._call(self.bucket.get, self.lease_object(h)) is None:
-                        self.c["shared_lease_dropped"] += 1
-                        return None           # the owner gave up: fetch it ourselves
+                    if data is None and (n % 3 == 0 or not owner_checked and urgent()):
+                        lease = await self._call(self.bucket.get, self.lease_object(h))
+                        if lease is None:
+                            self.c["shared_lease_dropped"] += 1
+                            return None       # the owner gave up: fetch it ourselves
+                        if not owner_checked and urgent():
+                            owner_checked = True
+                            if prefetch_lease(lease):
+                                deadline = min(deadline, time.monotonic()
+                                               + PREFETCH_WAIT_FACTOR
+                                               * self.origin_latency(0.9))
+                                self.c["shared_lease_prefetch_owner"] += 1
                 except _Failed:
                     continue                  # one slow poll: keep waiting
                 if data is not None:
@@ -511,12 +515,13 @@ class SharedTier:
             self._release(bk)
             return
         try:
-            self._send.send_nowait((bk, data))
+            self._send.send_nowait((bk, data, time.monotonic()))
         except trio.WouldBlock:
             self.c["shared_writes_skipped"] += 1
             self._release(bk)
             return
         self.queue_bytes += len(data)
+        self._pending[bk] = data
 
     def _release(self, bk: BlockKey) -> None:
         """Delete our lease on ``bk`` (in the background), if we hold one."""
@@ -528,21 +533,22 @@ class SharedTier:
     async def _delete_lease(self, bk: BlockKey) -> None:
         try:
             await self._call(self.bucket.delete, self.lease_object(self._hash(bk)),
-                             breaker=False)
+                             breaker=False, limiter=self._write_threads)
         except _Failed:
             pass     # waiters give up after lease_wait() anyway
 
     async def _writer(self) -> None:
-        async for bk, data in self._recv:
+        async for bk, data, queued in self._recv:
             ok = False
             try:
                 body = await trio.to_thread.run_sync(
-                    lambda: pack(self._header(bk, data), data), limiter=self._threads)
+                    lambda: pack(self._header(bk, data), data), limiter=self._write_threads)
                 await self._call(self.bucket.put, self.block_object(self._hash(bk)), body,
                                  deadline=max(PUT_DEADLINE_S, self.deadline()),
-                                 breaker=False)
+                                 breaker=False, limiter=self._write_threads)
                 self.c["shared_writes"] += 1
                 self.c["shared_bytes_written"] += len(data)
+                self._written.append(time.monotonic() - queued)
                 ok = True
             except _Failed:
                 self.c["shared_write_errors"] += 1
@@ -551,6 +557,8 @@ class SharedTier:
                 self.c["shared_write_errors"] += 1
             finally:
                 self.queue_bytes -= len(data)
+                if self._pending.get(bk) is data:
+                    del self._pending[bk]
             if ok:
                 # the lease stays: a node that missed just before this write finds it,
                 # waits, and reads the block on its first poll (deleting it would let
@@ -564,7 +572,8 @@ class SharedTier:
             "shared_writes", "shared_write_errors", "shared_writes_skipped",
             "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
             "shared_breaker_trips", "shared_leases", "shared_lease_waits",
-            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_dropped")
+            "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_dropped",
+            "shared_cold_lookups", "shared_queue_hits", "shared_lease_prefetch_owner")
 
     def snapshot(self) -> dict:
         out = {k: self.c[k] for k in self.KEYS}
@@ -575,21 +584,11 @@ class SharedTier:
         return out
 
 
-def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str, str]:
-    """(source identity, key prefix) naming the origin the same way on every node: the
-    endpoint (or "aws") and bucket for S3, the directory for a POSIX share; the key
-    prefix joins the mount's prefix to each key, so mounts of s3://b and s3://b/sub
-    share blocks."""
-    if hasattr(backend, "bucket"):
-        return f"{endpoint_url or 'aws'}|s3://{backend.bucket}", backend.prefix
-    return f"file://{source}", ""
-
-
 def open_shared(cfg, backend, origin_latency) -> SharedTier:
     """The shared tier a MountConfig asks for (``cfg.shared_cache`` is set)."""
     bucket, prefix = parse_shared_url(cfg.shared_cache)
     sb = SharedBucket(bucket, prefix, endpoint_url=cfg.shared_cache_endpoint,
-                      region=cfg.shared_cache_region, concurrency=SHARED_THREADS,
+                      region=cfg.shared_cache_region, concurrency=SHARED_THREADS + WRITERS,
                       profile=cfg.shared_cache_profile)
     source_id, key_prefix = source_identity(backend, cfg.endpoint_url, cfg.source)
     return SharedTier(sb, source_id, key_prefix, cfg.block_size,

@@ -1,0 +1,185 @@
+"""The shared tier's read path against an in-memory bucket with a fixed latency (no
+servers): what a lookup asks the tier, in which order, and how long a reader waits.
+The bench behind it: ``python -m bench run --scenario multinode --quick`` (a cold
+first epoch with the tier was 0.42-0.56x as fast as without it; docs/many-nodes.md)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import trio
+
+from neuralcache.store import shared as sh
+from neuralcache.store.tiers import BlockKey
+
+LATENCY = 0.2          # per request: far above the test's own overheads
+
+
+class SlowBucket:
+    """An S3 bucket in memory: every request takes ``latency`` (block PUTs
+    ``put_latency``), create-only PUTs honour If-None-Match, and each request is
+    logged as (method, kind) with kind "block" or "lease"."""
+    bucket, prefix = "b", "p"
+
+    def __init__(self, latency: float = LATENCY, put_latency: float | None = None):
+        self.latency = latency
+        self.put_latency = latency if put_latency is None else put_latency
+        self.objects: dict[str, bytes] = {}
+        self.log: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _kind(name: str) -> str:
+        return "lease" if "/leases/" in name else "block"
+
+    def get(self, name):
+        time.sleep(self.latency)
+        with self._lock:
+            self.log.append(("GET", self._kind(name)))
+            return self.objects.get(name)
+
+    def put(self, name, body, create_only=False):
+        time.sleep(self.put_latency if self._kind(name) == "block" else self.latency)
+        with self._lock:
+            self.log.append(("PUT", self._kind(name)))
+            if create_only and name in self.objects:
+                return False
+            self.objects[name] = bytes(body)
+            return True
+
+    def delete(self, name):
+        time.sleep(self.latency)
+        with self._lock:
+            self.log.append(("DELETE", self._kind(name)))
+            self.objects.pop(name, None)
+
+
+def tier(bucket: SlowBucket) -> sh.SharedTier:
+    return sh.SharedTier(bucket, "src", "", 1 << 20, origin_latency=lambda q: 0.05)
+
+
+def store_block(t: sh.SharedTier, b: SlowBucket, bk: BlockKey, data: bytes) -> None:
+    b.objects[t.block_object(t._hash(bk))] = sh.pack(t._header(bk, data), data)
+
+
+def test_a_cold_miss_asks_for_the_block_and_the_lease_at_once():
+    """A cold tier (the first epoch: nearly every lookup misses): the GET and the lease
+    PUT go out together, so a miss costs one round trip before the origin fetch, not a
+    GET that misses and then the lease (two)."""
+    b = SlowBucket()
+
+    async def main():
+        t = tier(b)
+        assert t.cold()
+        t0 = time.monotonic()
+        assert await t.get(BlockKey("k", "v1", 0), 10) is None
+        took = time.monotonic() - t0
+        assert sorted(b.log) == [("GET", "block"), ("PUT", "lease")]
+        assert BlockKey("k", "v1", 0) in t._held           # ours: fetch it
+        assert took < 1.6 * LATENCY, f"a cold miss took {took:.2f} s: two round trips"
+
+    trio.run(main)
+
+
+def test_a_cold_lookup_finds_a_block_written_without_a_lease():
+    """A block whose lease is gone (expired, collected, or written by a node with leases
+    off) is still found on a cold tier: the lease is won, but the GET answers."""
+    b = SlowBucket(latency=0.01)
+
+    async def main():
+        t = tier(b)
+        bk = BlockKey("k", "v1", 3)
+        store_block(t, b, bk, b"x" * 10)
+        assert t.cold()
+        assert await t.get(bk, 10) == b"x" * 10
+        assert t.c["shared_hits"] == 1 and bk not in t._held
+
+    trio.run(main)
+
+
+def test_a_warm_tier_looks_up_first_and_takes_no_lease_on_a_hit():
+    """Once most lookups hit, a hit is one GET (no lease PUT beside it)."""
+    b = SlowBucket(latency=0.001)
+
+    async def main():
+        t = tier(b)
+        for i in range(sh.COLD_WINDOW):
+            store_block(t, b, BlockKey("k", "v1", i), b"y" * 10)
+            assert await t.get(BlockKey("k", "v1", i), 10) == b"y" * 10
+        assert not t.cold()
+        b.log.clear()
+        store_block(t, b, BlockKey("k", "v1", 99), b"z" * 10)
+        assert await t.get(BlockKey("k", "v1", 99), 10) == b"z" * 10
+        assert b.log == [("GET", "block")]
+
+    trio.run(main)
+
+
+def test_a_block_waiting_for_its_write_through_is_served_from_the_queue():
+    """A node fetched a block from the origin (under its lease) and queued its PUT; the
+    block left its memory tier before a reader came (a read-ahead window above the
+    memory tier).  The reader gets it from the write queue at once -- it used to look
+    the block up, find its own lease and wait for its own write-through (seen in the
+    bench: 0.4-0.9 s per block of the first epoch)."""
+    b = SlowBucket(latency=0.05, put_latency=1.0)
+
+    async def main():
+        t = tier(b)
+        bk = BlockKey("k", "v1", 5)
+        async with trio.open_nursery() as n:
+            await n.start(t.run)
+            assert await t.get(bk, 10) is None and bk in t._held   # miss, lease ours
+            t.fetched(bk, b"q" * 10)                               # the origin's bytes
+            await trio.sleep(0.1)                                  # the PUT is under way
+            asked = len(b.log)
+            t0 = time.monotonic()
+            assert await t.get(bk, 10) == b"q" * 10
+            assert time.monotonic() - t0 < 0.05
+            assert len(b.log) == asked, "it asked the tier for a block it is writing"
+            assert t.c["shared_queue_hits"] == 1
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+def test_a_reader_waits_on_another_nodes_prefetch_about_one_origin_fetch():
+    """Node B's prefetch (reading ahead, into the next epoch's share) took the lease on a
+    block node A's reader needs now; B's PUT is slow (it queues behind B's own blocks).
+    A reads the lease once, sees a prefetch took it, and waits about one origin fetch
+    (PREFETCH_WAIT_FACTOR x its origin p90), not lease_wait().  A lease a reader's
+    load took is waited out as before."""
+    b = SlowBucket(latency=0.01)
+
+    async def main():
+        owner, reader = tier(b), tier(b)
+        reader.origin_latency = lambda q: 0.1
+        first, second = BlockKey("k", "v1", 1), BlockKey("k", "v1", 2)
+        assert await owner.get(first, 10, prefetch=True, urgent=lambda: False) is None
+        assert await owner.get(second, 10) is None          # a reader's load
+        assert first in owner._held and second in owner._held
+        assert reader.lease_wait() > 0.5
+        t0 = time.monotonic()
+        assert await reader.get(first, 10) is None          # fetch it ourselves
+        took = time.monotonic() - t0
+        assert 0.1 <= took < 0.35, took
+        assert reader.c["shared_lease_prefetch_owner"] == 1
+        t0 = time.monotonic()
+        assert await reader.get(second, 10) is None
+        assert time.monotonic() - t0 >= reader.lease_wait() - 0.25
+        assert reader.c["shared_lease_prefetch_owner"] == 1
+
+    trio.run(main)
+
+
+def test_the_lease_wait_covers_the_write_through_queue():
+    """An owner's block appears in the tier after its fetch *and* its write-through,
+    queue included (0.5-1 s when a first epoch's blocks are all written at once), not
+    after one PUT's round trip: lease_wait() follows this node's own write-throughs,
+    measured from queueing to done, once it has LATENCY_MIN_SAMPLES of them."""
+    t = tier(SlowBucket())
+    t._lat.extend([0.01] * sh.LATENCY_MIN_SAMPLES)          # fast requests
+    short = t.lease_wait()
+    assert short < 0.5
+    t._written.extend([0.9] * sh.LATENCY_MIN_SAMPLES)       # slow write-throughs
+    assert t.lease_wait() >= min(sh.LEASE_WAIT_MAX_S,
+                                 sh.LEASE_WAIT_FACTOR * (0.05 + 0.9)), t.lease_wait()
