@@ -133,6 +133,20 @@ def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):
     assert store.stats.prefetch_bytes_fetched == 0
 
 
+def test_a_multi_block_file_gets_a_read_ahead_window_in_flight():
+    """Early in an epoch (no measured rate yet) a predicted shard gets 8 blocks in
+    flight, one file's read-ahead window; small files keep the 16 MiB floor."""
+    from neuralcache.ahead.prefetch import MIN_INFLIGHT_BYTES, MIN_INFLIGHT_LARGE
+
+    ns, be, store, pf = setup([P("shard", 0, 0, 1.0, 1.0, "hints")], [("shard", 20 * BS)])
+    run(store, lambda: pf.on_open("x", 1, 1))
+    assert len(be.calls) == MIN_INFLIGHT_LARGE // BS == 8
+    small = [(f"s{i:03d}", 100_000) for i in range(400)]
+    ns, be, store, pf = setup([P(k, 0, n, 1.0, 1.0, "hints") for k, n in small], small)
+    run(store, lambda: pf.on_open("x", 1, 1))
+    assert len(be.calls) == -(-MIN_INFLIGHT_BYTES // 100_000)
+
+
 def test_unread_budget_bounds_prefetch():
     objs = [(f"f{i:02d}", 1 << 20) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,

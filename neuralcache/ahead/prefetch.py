@@ -23,6 +23,7 @@ import time
 from predictors.events import Event
 
 from ..store import limiter as lim
+from .readahead import DEFAULT_MAX_BYTES
 from ..store.blocks import BlockStore, Pinned
 from ..errors import UserError
 from ..namespace import Namespace
@@ -49,8 +50,15 @@ MAX_IDLE_SKIP = 64
 # prefetch-cpu`: 891 -> 116 us of CPU per file together with the limiter's heap).
 LEAD_MIN = 32
 LEAD_DIVISOR = 4
-# Floor of prefetch bytes in flight: 16 files of ~100 KB or 2 blocks of 8 MiB.
+# Floor of prefetch bytes in flight: 160 files of ~100 KB (more measured no faster on
+# the samples bench) ...
 MIN_INFLIGHT_BYTES = 16 << 20
+# ... and for files of more than one block (shards, weights), one file's read-ahead
+# window (ahead/readahead.py DEFAULT_MAX_BYTES, 8 blocks of 8 MiB): early in an epoch
+# the measured rate is still ramping up (Rate's 2 s half-life), and with the 16 MiB
+# floor a shuffled shard epoch ran at 154/187 MB/s against 224/236 with this one
+# (hints 171/183 -> 285/290; bench run --scenario shards, alternating pairs).
+MIN_INFLIGHT_LARGE = DEFAULT_MAX_BYTES
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
 # tokenizer files -- starts the first block of every sibling at once, so loading the
@@ -107,6 +115,7 @@ class Prefetcher:
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
+        self._large = False     # the last prediction planned was a multi-block file
         self._warmed_dirs: set[str] = set()
         # The catalog (the files predictors may name) is the directories the job reads:
         # a directory joins it once a file in it is opened and its listing is complete.
@@ -269,8 +278,9 @@ class Prefetcher:
             return
         inflight = self.store.speculative_inflight_bytes()
         unread = self.store.speculative_unread_bytes()
-        target = self.inflight_target()
-        if inflight >= target or unread >= self.budget:
+        small = self.inflight_target()
+        large = max(small, MIN_INFLIGHT_LARGE)
+        if inflight >= (large if self._large else small) or unread >= self.budget:
             return      # budgets full: not even worth asking the predictor
         try:
             preds = self.predictor.predict(MAX_PREDICTIONS)
@@ -280,6 +290,7 @@ class Prefetcher:
             return
         started = 0
         lead = 0            # predictions already cached/planned before the first start
+        target = small
         for p in preds:
             if p.prob < MIN_PROB:
                 continue
@@ -297,6 +308,10 @@ class Prefetcher:
                 continue
             if node.is_dir or node.removed:
                 continue
+            self._large = node.size > self.store.block_size
+            target = large if self._large else small
+            if inflight >= target:
+                break
             whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
