@@ -23,7 +23,6 @@ import time
 from predictors.events import Event
 
 from ..store import limiter as lim
-from .readahead import DEFAULT_MAX_BYTES
 from ..store.blocks import BlockStore, Pinned
 from ..errors import UserError
 from ..namespace import Namespace
@@ -53,12 +52,13 @@ LEAD_DIVISOR = 4
 # Floor of prefetch bytes in flight: 160 files of ~100 KB (more measured no faster on
 # the samples bench) ...
 MIN_INFLIGHT_BYTES = 16 << 20
-# ... and for files of more than one block (shards, weights), one file's read-ahead
-# window (ahead/readahead.py DEFAULT_MAX_BYTES, 8 blocks of 8 MiB): early in an epoch
-# the measured rate is still ramping up (Rate's 2 s half-life), and with the 16 MiB
-# floor a shuffled shard epoch ran at 154/187 MB/s against 224/236 with this one
-# (hints 171/183 -> 285/290; bench run --scenario shards, alternating pairs).
-MIN_INFLIGHT_LARGE = DEFAULT_MAX_BYTES
+# ... and at least this many loads of the file being planned (a block each at most):
+# 8 shards of 8 MiB = one file's read-ahead window (ahead/readahead.py
+# DEFAULT_MAX_BYTES).  Early in an epoch the measured rate is still ramping up (Rate's
+# 2 s half-life), and with the bytes floor alone (2 shards in flight) a shuffled shard
+# epoch ran at 154/187 MB/s against 224/236 with 64 MiB (hints 171/183 -> 285/290;
+# bench run --scenario shards, alternating pairs).
+MIN_INFLIGHT_LOADS = 8
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
 # tokenizer files -- starts the first block of every sibling at once, so loading the
@@ -115,7 +115,7 @@ class Prefetcher:
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
-        self._large = False     # the last prediction planned was a multi-block file
+        self._last_target = 0   # the in-flight target of the last file planned
         self._warmed_dirs: set[str] = set()
         # The catalog (the files predictors may name) is the directories the job reads:
         # a directory joins it once a file in it is opened and its listing is complete.
@@ -278,9 +278,8 @@ class Prefetcher:
             return
         inflight = self.store.speculative_inflight_bytes()
         unread = self.store.speculative_unread_bytes()
-        small = self.inflight_target()
-        large = max(small, MIN_INFLIGHT_LARGE)
-        if inflight >= (large if self._large else small) or unread >= self.budget:
+        floor = self.inflight_target()
+        if inflight >= max(floor, self._last_target) or unread >= self.budget:
             return      # budgets full: not even worth asking the predictor
         try:
             preds = self.predictor.predict(MAX_PREDICTIONS)
@@ -290,7 +289,7 @@ class Prefetcher:
             return
         started = 0
         lead = 0            # predictions already cached/planned before the first start
-        target = small
+        target = floor
         for p in preds:
             if p.prob < MIN_PROB:
                 continue
@@ -308,8 +307,8 @@ class Prefetcher:
                 continue
             if node.is_dir or node.removed:
                 continue
-            self._large = node.size > self.store.block_size
-            target = large if self._large else small
+            target = max(floor, MIN_INFLIGHT_LOADS * min(node.size, self.store.block_size))
+            self._last_target = target
             if inflight >= target:
                 break
             whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
