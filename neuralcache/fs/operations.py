@@ -387,6 +387,7 @@ class Operations(pyfuse3.Operations):
             st.push_errors += 1
             log.debug("notify_store of %s failed: %s", pinned.key, exc)
             return False
+        self.store.served(pinned, len(data))
         st.pushed_files += 1
         st.pushed_bytes += len(data)
         st.bytes_served += len(data)

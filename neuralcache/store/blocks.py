@@ -151,21 +151,21 @@ class BlockStore:
                 or (self.disk is not None and self.disk.contains(bk)))
 
     def resident(self, obj: Pinned) -> bytes | None:
-        """The whole of a one-block object when the memory tier holds it, counted as the
-        demand hit of the read it stands for (fs/operations.py pushes it to the kernel
-        page cache at open); None otherwise.  Never waits, never fetches."""
+        """The whole of a one-block object when the memory tier holds it (fs/operations.py
+        pushes it into the kernel page cache at open; ``served`` then counts it); None
+        otherwise.  Never waits, never fetches."""
         if not 0 < obj.size <= self.block_size:
             return None
-        bk = BlockKey(obj.key, obj.version, 0)
-        data = self.mem.get(bk)
-        if data is None or len(data) != obj.size:
-            return None
+        data = self.mem.get(BlockKey(obj.key, obj.version, 0))
+        return data if data is not None and len(data) == obj.size else None
+
+    def served(self, obj: Pinned, n: int) -> None:
+        """A resident object went to the kernel: the demand hit of the read it replaces."""
         st = self.stats
         st.mem_hits += 1
         st.demand_hit_blocks += 1
-        st.demand_hit_bytes += len(data)
-        self._used_speculative(bk, len(data))
-        return data
+        st.demand_hit_bytes += n
+        self._used_speculative(BlockKey(obj.key, obj.version, 0), n)
 
     # -- reads ---------------------------------------------------------------------
     async def read(self, obj: Pinned, off: int, size: int) -> bytes | memoryview:
