@@ -1,7 +1,12 @@
-"""Issue 10's data-plane targets, checked against one ``python -m bench run`` (and,
-for the disk-cache row, one ``python -m bench.breakdown``).
+"""The data-plane targets, checked against ``python -m bench run`` results (and
+``python -m bench.breakdown`` for the rows only it measures): issue 20's kernel-path
+table (the default) or issue 10's first one (``--issue 10``).
 
-    python -m bench.targets OUT/results.json [--breakdown OUT/breakdown.json]
+    python -m bench.targets OUT/results.json [MORE/results.json ...]
+                            [--breakdown OUT/breakdown.json] [--issue 20|10]
+
+Several results files are read as one (the full run, ``--scenario checkpoint`` and
+``--scenario multinode``, which ``python -m bench run`` leaves out of "all").
 
 Every ratio comes from rows of the same run (the machines are shared and noisy; only
 side-by-side ratios mean anything).  A row the run did not measure shows as "-".
@@ -101,6 +106,78 @@ def check(results: dict, breakdown: dict | None = None) -> list[tuple[str, str, 
     return out
 
 
+LIBRARIES = ("s3torchconnector", "s3torchconnector-tuned", "mosaic", "mosaic-tuned",
+             "litdata", "litdata-tuned")
+MOUNTS = ("rclone", "s3fs")
+
+
+def _requests_per_file(row: dict | None) -> float | None:
+    if not row or not row.get("files"):
+        return None
+    return sum(row.get("fuse_requests", {}).values()) / row["files"]
+
+
+def check_kernel_path(results: dict, breakdown: dict | None = None
+                      ) -> list[tuple[str, str, str, bool | None]]:
+    """Issue 20's targets: (what, target, measured, met); met is None if not measured."""
+    rows = _rows(results)
+    bd = (breakdown or {}).get("rows", {})
+    nc, hints = "neuralcache", "neuralcache-hints"
+    out: list[tuple[str, str, str, bool | None]] = []
+
+    def add(what, target, measured, ok):
+        out.append((what, target, measured, ok))
+
+    warm, cold = _requests_per_file(bd.get("files warm 2")), _requests_per_file(
+        bd.get("files cold"))
+    add("FUSE requests per warm / cold small file (bench.breakdown)", "<= 2 / <= 3",
+        f"{_fmt(warm)} / {_fmt(cold)}",
+        None if warm is None or cold is None else warm <= 2.05 and cold <= 3.05)
+    sizes = (bd.get("bigfile cold") or {}).get("fuse_read_sizes") or {}
+    top = max(sizes, key=sizes.get) if sizes else None
+    add("READ size, sequential cold read (bench.breakdown)", "1 MiB",
+        top or "-", None if top is None else top == "<=1M")
+    x = _ratio(rows.get(("samples", "warm", nc)), rows.get(("samples", "warm", "local")))
+    add("warm samples", ">= 0.8 x local", f"{_fmt(x)} x local", None if x is None else x >= 0.8)
+    disk, local = bd.get("bigfile disk"), rows.get(("bigfile", "cold", "local"))
+    if disk and disk.get("seconds") and local:
+        cpu = disk["cpu"]["total"] / (disk["bytes"] / GIB)
+        xl = disk["bytes"] / disk["seconds"] / 1e6 / local["value"]
+        add("1 GiB from the disk cache (bench.breakdown)", ">= 0.8 x local cold, <= 0.5 "
+            "CPU-s per GiB", f"{xl:.2f} x local, {cpu:.2f} CPU-s per GiB",
+            xl >= 0.8 and cpu <= 0.5)
+    r = rows.get(("samples", "cold", nc))
+    per_file = (r["cpu_daemon_s"] / r["files"] * 1000) if r and r.get("files") \
+        and r.get("cpu_daemon_s") is not None else None
+    add("daemon CPU per cold 100 KB file (samples)", "<= 0.6 ms", _fmt(per_file, " ms"),
+        None if per_file is None else per_file <= 0.6)
+    for sc, peers, want, what in (("bigfile", MOUNTS + LIBRARIES, 1.1, "best mount or library"),
+                                  ("shards", LIBRARIES, 1.1, "best library")):
+        mine = _best(rows, sc, "cold", (nc, hints))
+        best = _best(rows, sc, "cold", peers)
+        x = _ratio(mine, best)
+        add(f"cold {sc}", f">= {want} x the {what}",
+            f"{_fmt(x)} x {best['system'] if best else '-'}"
+            f" ({mine['system'] if mine else '-'})", None if x is None else x >= want)
+    x = _ratio(rows.get(("train-files", "epoch1", hints)), best := _best(
+        rows, "train-files", "epoch1", LIBRARIES))
+    add("train-files epoch 1 with hints", ">= 1.05 x the best library",
+        f"{_fmt(x)} x {best['system'] if best else '-'}", None if x is None else x >= 1.05)
+    save, lsave = rows.get(("checkpoint", "save", nc)), rows.get(("checkpoint", "save",
+                                                                  "local"))
+    xs = save["value"] / lsave["value"] if save and lsave and lsave.get("value") else None
+    xr = _ratio(rows.get(("checkpoint", "reload", nc)),
+                rows.get(("checkpoint", "reload", "s3torchconnector")))
+    add("checkpoint close() / cold reload", "<= 1.2 x local / >= 1.1 x S3Checkpoint",
+        f"{_fmt(xs)} x local / {_fmt(xr)} x S3Checkpoint",
+        None if xs is None or xr is None else xs <= 1.2 and xr >= 1.1)
+    x = _ratio(rows.get(("multinode", "epoch1", "4x nc --shared-cache")),
+               rows.get(("multinode", "epoch1", "4x neuralcache")))
+    add("multinode epoch 1, slowest node with --shared-cache / without", ">= 0.9",
+        _fmt(x), None if x is None else x >= 0.9)
+    return out
+
+
 def table(checked) -> str:
     lines = ["| target | wanted | this run | met |", "|---|---|---|---|"]
     for what, target, measured, ok in checked:
@@ -112,12 +189,17 @@ def table(checked) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.targets", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("results", help="results.json written by python -m bench run")
+    p.add_argument("results", nargs="+",
+                   help="results.json files written by python -m bench run (read as one)")
     p.add_argument("--breakdown", help="breakdown.json written by python -m bench.breakdown")
+    p.add_argument("--issue", choices=("20", "10"), default="20",
+                   help="whose targets: 20 (kernel path, default) or 10 (the first table)")
     a = p.parse_args(argv)
     try:
-        with open(a.results) as f:
-            results = json.load(f)
+        results = {"rows": []}
+        for path in a.results:
+            with open(path) as f:
+                results["rows"] += json.load(f)["rows"]
         breakdown = None
         if a.breakdown:
             with open(a.breakdown) as f:
@@ -125,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"cannot read the results: {exc}", file=sys.stderr)
         return 2
-    print(table(check(results, breakdown)))
+    checker = check_kernel_path if a.issue == "20" else check
+    print(table(checker(results, breakdown)))
     return 0
 
 

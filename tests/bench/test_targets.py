@@ -1,4 +1,4 @@
-"""bench.targets reads issue 10's targets off one run's rows."""
+"""bench.targets reads issue 10's and issue 20's targets off a run's rows."""
 from bench.report.targets import check, table
 
 GIB = 1 << 30
@@ -30,3 +30,50 @@ def test_targets_from_rows():
     assert got["samples warm"] == ("0.25 x local, 2.50 x rclone", False)
     assert got["fio rand128k"][1] is None          # an error row is not a measurement
     assert "| samples warm | >= 0.5 x local, >= 2 x rclone |" in table(check({"rows": rows}))
+
+
+def test_kernel_path_targets_from_rows_and_a_breakdown():
+    from bench.report.targets import check_kernel_path
+
+    rows = [row("samples", "warm", "neuralcache", 4000.0),
+            row("samples", "warm", "local", 4500.0),
+            row("samples", "cold", "neuralcache", 500.0, cpu_daemon_s=0.5, files=1000),
+            row("bigfile", "cold", "neuralcache", 400.0),
+            row("bigfile", "cold", "local", 1000.0),
+            row("bigfile", "cold", "s3fs", 380.0),
+            row("bigfile", "cold", "s3torchconnector", 420.0),
+            row("shards", "cold", "neuralcache", 200.0),
+            row("shards", "cold", "neuralcache-hints", 330.0),
+            row("shards", "cold", "s3torchconnector-tuned", 300.0),
+            row("shards", "cold", "rclone", 900.0),           # a mount: not a library
+            row("train-files", "epoch1", "neuralcache-hints", 700.0),
+            row("train-files", "epoch1", "mosaic-tuned", 650.0),
+            row("checkpoint", "save", "neuralcache", 2.0),
+            row("checkpoint", "save", "local", 1.8),
+            row("checkpoint", "reload", "neuralcache", 300.0),
+            row("checkpoint", "reload", "s3torchconnector", 320.0),
+            row("multinode", "epoch1", "4x nc --shared-cache", 9.0),
+            row("multinode", "epoch1", "4x neuralcache", 10.0)]
+    bd = {"rows": {
+        "files cold": {"files": 100, "fuse_requests": {"lookup": 100, "open": 100,
+                                                       "read": 10, "release": 100}},
+        "files warm 2": {"files": 100, "fuse_requests": {"open": 100, "release": 100}},
+        "bigfile cold": {"fuse_read_sizes": {"<=1M": 1024, "<=128K": 2}},
+        "bigfile disk": {"seconds": 1.0, "bytes": GIB, "cpu": {"total": 0.8}}}}
+    got = {what: (measured, ok) for what, _, measured, ok in
+           check_kernel_path({"rows": rows}, bd)}
+    assert got["FUSE requests per warm / cold small file (bench.breakdown)"] == (
+        "2.00 / 3.10", False)
+    assert got["READ size, sequential cold read (bench.breakdown)"] == ("<=1M", True)
+    assert got["warm samples"] == ("0.89 x local", True)
+    assert got["1 GiB from the disk cache (bench.breakdown)"] == (
+        "1.07 x local, 0.80 CPU-s per GiB", False)
+    assert got["daemon CPU per cold 100 KB file (samples)"] == ("0.50 ms", True)
+    assert got["cold bigfile"] == ("0.95 x s3torchconnector (neuralcache)", False)
+    assert got["cold shards"] == ("1.10 x s3torchconnector-tuned (neuralcache-hints)", True)
+    assert got["train-files epoch 1 with hints"] == ("1.08 x mosaic-tuned", True)
+    assert got["checkpoint close() / cold reload"] == ("1.11 x local / 0.94 x S3Checkpoint",
+                                                      False)
+    assert got["multinode epoch 1, slowest node with --shared-cache / without"] == (
+        "0.90", True)
+    assert check_kernel_path({"rows": []})[0][3] is None       # nothing measured
