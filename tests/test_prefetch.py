@@ -135,16 +135,18 @@ def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):
 
 def test_large_files_get_several_loads_in_flight_from_the_start():
     """Early in an epoch (no measured rate yet) predicted shards get MIN_INFLIGHT_LOADS
-    loads in flight (a read-ahead window); small files keep the bytes floor."""
+    loads in flight (a read-ahead window); small and multi-block files keep the bytes
+    floor."""
     from neuralcache.ahead.prefetch import MIN_INFLIGHT_BYTES, MIN_INFLIGHT_LOADS
 
     shards = [(f"shard{i:02d}", BS - 1000) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, 0, 1.0, 1.0, "hints") for k, _ in shards], shards)
     run(store, lambda: pf.on_open("x", 1, 1))
     assert len(be.calls) == MIN_INFLIGHT_LOADS == 8
+    # a larger file gets the bytes floor: its read-ahead starts when it is opened
     ns, be, store, pf = setup([P("big", 0, 0, 1.0, 1.0, "hints")], [("big", 20 * BS)])
     run(store, lambda: pf.on_open("x", 1, 1))
-    assert len(be.calls) == MIN_INFLIGHT_LOADS
+    assert len(be.calls) == MIN_INFLIGHT_BYTES // BS == 2
     small = [(f"s{i:03d}", 100_000) for i in range(400)]
     ns, be, store, pf = setup([P(k, 0, n, 1.0, 1.0, "hints") for k, n in small], small)
     run(store, lambda: pf.on_open("x", 1, 1))

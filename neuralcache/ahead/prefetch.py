@@ -52,12 +52,15 @@ LEAD_DIVISOR = 4
 # Floor of prefetch bytes in flight: 160 files of ~100 KB (more measured no faster on
 # the samples bench) ...
 MIN_INFLIGHT_BYTES = 16 << 20
-# ... and at least this many loads of the file being planned (a block each at most):
-# 8 shards of 8 MiB = one file's read-ahead window (ahead/readahead.py
-# DEFAULT_MAX_BYTES).  Early in an epoch the measured rate is still ramping up (Rate's
-# 2 s half-life), and with the bytes floor alone (2 shards in flight) a shuffled shard
-# epoch ran at 154/187 MB/s against 224/236 with 64 MiB (hints 171/183 -> 285/290;
-# bench run --scenario shards, alternating pairs).
+# ... and at least this many whole files of at most one block each (shards): 8 shards
+# of 8 MiB are one file's read-ahead window (ahead/readahead.py DEFAULT_MAX_BYTES).
+# Early in an epoch the measured rate is still ramping up (Rate's 2 s half-life), and
+# with the bytes floor alone (2 shards in flight) a shuffled shard epoch ran at 177/164
+# MB/s against 243/223 (hints 199/166 -> 281/250; bench run --scenario shards,
+# alternating pairs).  Not for larger files (their read-ahead starts at their open):
+# fio's 4 random readers of 256 MiB files, whose siblings the epoch guess predicts
+# whole, had 8 blocks of them in flight and ran at half the rate (precision 0.60 ->
+# 0.08, full run of 2b592bf).
 MIN_INFLIGHT_LOADS = 8
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
@@ -307,11 +310,12 @@ class Prefetcher:
                 continue
             if node.is_dir or node.removed:
                 continue
-            target = max(floor, MIN_INFLIGHT_LOADS * min(node.size, self.store.block_size))
+            whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
+            target = max(floor, MIN_INFLIGHT_LOADS * node.size) \
+                if whole and node.size <= self.store.block_size else floor
             self._last_target = target
             if inflight >= target:
                 break
-            whole = p.offset == 0 and (p.length <= 0 or p.length >= node.size)
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
             length = p.length if p.length > 0 else node.size
