@@ -57,10 +57,8 @@ MIN_INFLIGHT_BYTES = 16 << 20
 # Early in an epoch the measured rate is still ramping up (Rate's 2 s half-life), and
 # with the bytes floor alone (2 shards in flight) a shuffled shard epoch ran at 177/164
 # MB/s against 243/223 (hints 199/166 -> 281/250; bench run --scenario shards,
-# alternating pairs).  Not for larger files (their read-ahead starts at their open):
-# fio's 4 random readers of 256 MiB files, whose siblings the epoch guess predicts
-# whole, had 8 blocks of them in flight and ran at half the rate (precision 0.60 ->
-# 0.08, full run of 2b592bf).
+# alternating pairs).  Not for larger files: their read-ahead starts at their open,
+# and 8 blocks of a large file guessed whole (a random reader's) are 64 MiB of waste.
 MIN_INFLIGHT_LOADS = 8
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
