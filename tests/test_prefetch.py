@@ -153,6 +153,18 @@ def test_large_files_get_several_loads_in_flight_from_the_start():
     assert len(be.calls) == -(-MIN_INFLIGHT_BYTES // 100_000)
 
 
+def test_sibling_directories_join_the_catalog_below_the_mount_root_only():
+    """ds/c0 opened: its sibling class ds/c1 joins the catalog.  fio/ opened: its
+    siblings at the mount's root are other datasets and stay out."""
+    objs = [("ds/c0/a", 10), ("ds/c1/b", 10), ("fio/f", 10), ("other/x", 10)]
+    ns, be, store, pf = setup([], objs)
+    ino = {d: ns.by_path(d).inode for d in ("ds/c0", "ds/c1", "fio", "other")}
+    pf.on_open("fio/f", 10, 1, ino["fio"])
+    assert ino["other"] not in pf._catalog_dirs | pf._wanted_dirs
+    pf.on_open("ds/c0/a", 10, 1, ino["ds/c0"])
+    assert ino["ds/c1"] in pf._catalog_dirs | pf._wanted_dirs
+
+
 def test_unread_budget_bounds_prefetch():
     objs = [(f"f{i:02d}", 1 << 20) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,
