@@ -146,9 +146,9 @@ class BlockStore:
         return self.mem.get(bk) is not None or bk in self._flights
 
     def cached(self, obj: Pinned, index: int) -> bool:
-        bk = BlockKey(obj.key, obj.version, index)
-        return (self.mem.get(bk) is not None or bk in self._flights
-                or (self.disk is not None and self.disk.contains(bk)))
+        """In memory, on its way there, or in the disk tier."""
+        return self.in_memory(obj, index) or (
+            self.disk is not None and self.disk.contains(BlockKey(obj.key, obj.version, index)))
 
     def resident(self, obj: Pinned) -> bytes | None:
         """The whole of a one-block object when the memory tier holds it (fs/operations.py
