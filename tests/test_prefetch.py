@@ -142,7 +142,7 @@ def test_large_files_get_several_loads_in_flight_from_the_start():
     shards = [(f"shard{i:02d}", BS - 1000) for i in range(20)]
     ns, be, store, pf = setup([P(k, 0, 0, 1.0, 1.0, "hints") for k, _ in shards], shards)
     run(store, lambda: pf.on_open("x", 1, 1))
-    assert len(be.calls) == MIN_INFLIGHT_LOADS == 8
+    assert len(be.calls) == MIN_INFLIGHT_LOADS == 16
     # a larger file gets the bytes floor: its read-ahead starts when it is opened
     ns, be, store, pf = setup([P("big", 0, 0, 1.0, 1.0, "hints")], [("big", 20 * BS)])
     run(store, lambda: pf.on_open("x", 1, 1))

@@ -52,14 +52,16 @@ LEAD_DIVISOR = 4
 # Floor of prefetch bytes in flight: 160 files of ~100 KB (more measured no faster on
 # the samples bench) ...
 MIN_INFLIGHT_BYTES = 16 << 20
-# ... and at least this many whole files of at most one block each (shards): 8 shards
-# of 8 MiB are one file's read-ahead window (ahead/readahead.py DEFAULT_MAX_BYTES).
-# Early in an epoch the measured rate is still ramping up (Rate's 2 s half-life), and
-# with the bytes floor alone (2 shards in flight) a shuffled shard epoch ran at 177/164
-# MB/s against 243/223 (hints 199/166 -> 281/250; bench run --scenario shards,
-# alternating pairs).  Not for larger files: their read-ahead starts at their open,
-# and 8 blocks of a large file guessed whole (a random reader's) are 64 MiB of waste.
-MIN_INFLIGHT_LOADS = 8
+# ... and at least this many whole files of at most one block each (shards).  Early in
+# an epoch the measured rate is still ramping up (Rate's 2 s half-life), and with the
+# bytes floor alone (2 shards in flight) a shuffled shard epoch ran at 177/164 MB/s
+# against 243/223 with 8 (hints 199/166 -> 281/250); 8 -> 16 took it from 206/215 to
+# 232/223 (hints 254/253 -> 309/303), and 32 measured no faster than 16 (bench run
+# --scenario shards --systems neuralcache,neuralcache-hints, alternating pairs).  16
+# shards of 8 MiB are 128 MiB in flight, within the unread budget that bounds every
+# prefetch.  Not for larger files: their read-ahead starts at their open, and blocks
+# of a large file guessed whole (a random reader's) would be that much waste.
+MIN_INFLIGHT_LOADS = 16
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
 # tokenizer files -- starts the first block of every sibling at once, so loading the
