@@ -12,7 +12,7 @@ from conftest import delete_bucket, digest, new_bucket, payload, upload_tree
 from neuralcache.backends import open_backend
 from neuralcache.backends import retry
 from neuralcache.backends.s3 import S3Backend, aws_object_base_url, describe_check_error
-from neuralcache.errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
+from neuralcache.errors import BackendError, NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 
 MB = 1 << 20
 FILES = {
@@ -415,3 +415,39 @@ def test_posix_delete_prunes_emptied_directories(tmp_path):
     assert not [p for p in root.rglob("*") if p.name.startswith(".neuralcache-tmp-")]
     b.delete("a/b/c.bin")
     assert not (root / "a").exists() and (root / "keep" / "k.bin").exists()
+
+
+def test_s3_uploads_carry_a_checksum_and_no_body_signature(seaweed, s3, monkeypatch):
+    """PUTs and parts are sent with UNSIGNED-PAYLOAD (no SHA-256 of the body under the
+    GIL) and a CRC32 checksum that the server verifies: a body damaged after signing is
+    refused, never stored."""
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    bucket = new_bucket(s3)
+    b = S3Backend(bucket, endpoint_url=seaweed.endpoint)
+    sent, damage = [], []
+
+    def before_send(request, **_):
+        h = request.headers
+        sig = h.get("x-amz-content-sha256")
+        sent.append((sig.decode() if isinstance(sig, bytes) else sig,
+                     any(k.lower().startswith("x-amz-checksum-") for k in h.keys())))
+        if damage and request.body:
+            body = request.body if isinstance(request.body, bytes) else request.body.read()
+            request.body = bytes([body[0] ^ 1]) + body[1:]
+    for op in ("PutObject", "UploadPart"):
+        b._client.meta.events.register(f"before-send.s3.{op}", before_send)
+    small, part = os.urandom(1000), os.urandom(5 << 20)
+    b.put("small.bin", small)
+    uid = b.create_multipart("big.bin")
+    info = b.complete_multipart("big.bin", uid, [(1, b.upload_part("big.bin", uid, 1, 0, part))],
+                                len(part))
+    assert sent and all(sig == "UNSIGNED-PAYLOAD" and crc for sig, crc in sent), sent
+    assert b.read("small.bin", 0, len(small), b.stat("small.bin").version) == small
+    assert b.read("big.bin", 0, len(part), info.version) == part
+    damage.append(True)
+    with pytest.raises(BackendError) as e:
+        b.put("damaged.bin", small)
+    assert "checksum" in str(e.value).lower() or "digest" in str(e.value).lower(), e.value
+    with pytest.raises(NotFound):
+        b.stat("damaged.bin")

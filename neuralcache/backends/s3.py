@@ -125,7 +125,17 @@ class S3Backend(S3Writes, S3List):
         self._config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
                               retries={"max_attempts": 1, "mode": "standard"},
                               max_pool_connections=concurrency + LIST_WORKERS,
-                              s3={"addressing_style": "path" if endpoint_url else "auto"},
+                              # No SHA-256 of upload bodies in the signature: botocore
+                              # already skips it over https when a checksum header is
+                              # sent, and signed it only for http endpoints, inside
+                              # awscrt's signer holding the GIL (35 % of the daemon's
+                              # GIL samples while a 1 GiB checkpoint was written; its
+                              # FUSE writes waited for it).  Every PUT and part still
+                              # carries botocore's CRC32 checksum, which the server
+                              # verifies, so a damaged body is still refused.
+                              s3={"addressing_style": "path" if endpoint_url else "auto",
+                                  "payload_signing_enabled": False},
+                              request_checksum_calculation="when_supported",
                               tcp_keepalive=True)
         # --region: the user's word, checked against the bucket's, never changed.
         # Otherwise the client's region (AWS config, else us-east-1) until check() or a
