@@ -37,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=None,
                    help="per system and scenario watchdog in seconds")
     r.add_argument("--keep-seaweed", action="store_true",
-                   help="reuse the SeaweedFS data dir of the previous run (skip re-upload)")
+                   help="keep the SeaweedFS data dir after the run and reuse the one a "
+                        "previous --keep-seaweed run kept (skips the upload); without it "
+                        "the data dir is removed at the end")
 
     c = sub.add_parser("ceiling", help="measure the WAN proxy's own ceiling (raw TCP)")
     c.add_argument("--rtt-ms", type=float, default=60.0)

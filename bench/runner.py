@@ -70,9 +70,9 @@ def run(args) -> int:
             "stall_rate": args.stall_rate, "stall_s": args.stall_s,
             "quick": args.quick, "seed": args.seed, "scenarios": names, "systems": systems,
             "code_at_start": code_revision()}
+    sw_dir = work / "seaweed"
     try:
         with contextlib.ExitStack() as stack:
-            sw_dir = work / "seaweed"
             if not args.keep_seaweed:
                 shutil.rmtree(sw_dir, ignore_errors=True)
             sw_dir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +137,8 @@ def run(args) -> int:
         return 130
     finally:
         signal.signal(signal.SIGTERM, old)
+        if not args.keep_seaweed:     # GBs no later run reads (it starts from an empty one)
+            shutil.rmtree(sw_dir, ignore_errors=True)
     log(f"results in {out / 'results.json'} ({time.monotonic() - t_start:.0f} s total)")
     return 0
 
