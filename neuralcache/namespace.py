@@ -8,8 +8,8 @@ at mount.  In memory there are only:
   listed, how many subdirectories it has, readdir's next offset);
 * ``Node`` objects for the entries someone holds right now (an open file, the write
   layer) and the ``RECENT_NODES`` made last: one canonical object per inode while
-  referenced (a weak map), gone with the last reference.  Setting a Node's size, version, times, name or parent writes the
-  row; reading it reads the object.
+  referenced (a weak map), gone with the last reference.  Setting a Node's size,
+  version, times, name or parent writes the row; reading it reads the object.
 
 Inode numbers are given out in order and stay with their entry for the life of the
 mount; lookup counts follow the FUSE protocol (``remember`` adds, ``forget``
