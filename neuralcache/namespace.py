@@ -7,9 +7,9 @@ at mount.  In memory there are only:
 * ``dirs``: a small state per known directory (its key, whether and when it was
   listed, how many subdirectories it has, readdir's next offset);
 * ``Node`` objects for the entries someone holds right now (an open file, the write
-  layer) and the ``RECENT_NODES`` made last: one canonical object per inode while
-  referenced (a weak map), gone with the last reference.  Setting a Node's size,
-  version, times, name or parent writes the row; reading it reads the object.
+  layer): one canonical object per inode while referenced (a weak map), gone with the
+  last reference.  Setting a Node's size, version, times, name or parent writes the
+  row; reading it reads the object.
 
 Inode numbers are given out in order and stay with their entry for the life of the
 mount; lookup counts follow the FUSE protocol (``remember`` adds, ``forget``
@@ -29,8 +29,6 @@ import time
 import weakref
 from typing import Iterable
 
-import lru
-
 from .backends.base import ObjectInfo
 from .meta.rows import DEFAULT_CACHE_BYTES, DB_NAME, Row, Rows
 
@@ -39,12 +37,6 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 # Inodes below this are reserved for the control directory and its files.
 FIRST_FREE_INODE = 16
-# Nodes kept alive after their last use (least recently made dropped first): a warm
-# epoch reopens files whose pages the kernel holds, and each OPEN of a Node no longer
-# referenced read its row from SQLite (27 us of the ~130 us the daemon spent per warm
-# file; a Node is ~530 bytes with its strings, so 32k of them are ~17 MB).  A dataset
-# of up to this many files reopens with no query; a larger one pays the query as before.
-RECENT_NODES = 32768
 
 
 class _Column:
@@ -118,7 +110,6 @@ class Namespace:
             db_path = os.path.join(self._tmp.name, DB_NAME)
         self.rows = Rows(db_path, cache_bytes)
         self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
-        self._recent = lru.LRU(RECENT_NODES)      # inode -> Node: see RECENT_NODES
         now = time.time()
         self.rows.insert([(ROOT_INODE, 0, "", 1, 0, now, "", 0.0, 0.0, 0)])   # parent 0: none
         self.dirs: dict[int, DirState] = {ROOT_INODE: DirState("")}
@@ -135,7 +126,6 @@ class Namespace:
         if n is None:
             n = Node(self, row)
             self._live[row.ino] = n
-            self._recent[row.ino] = n
         return n
 
     def get(self, inode: int) -> Node | None:
@@ -284,8 +274,7 @@ class Namespace:
                                "dir = 0 AND removed = 0", (dir_inode,)).fetchone()
         for sub in self.children_dirs(dir_inode):
             self.dirs.pop(sub, None)
-        for ino in self.rows.delete_unheld_children(dir_inode):
-            self._recent.pop(ino, None)
+        self.rows.delete_unheld_children(dir_inode)
         self.files -= n
         self.total_bytes -= int(nbytes)
         d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0
@@ -362,7 +351,6 @@ class Namespace:
 
     def _delete(self, inode: int, is_dir: bool) -> None:
         self.rows.delete(inode)
-        self._recent.pop(inode, None)
         self._live.pop(inode, None)
         if is_dir:
             self.dirs.pop(inode, None)

@@ -172,11 +172,10 @@ class Rows:
     def delete(self, ino: int) -> None:
         self.db.execute("DELETE FROM e WHERE ino = ?", (ino,))
 
-    def delete_unheld_children(self, parent: int) -> list[int]:
-        """Drop the entries of ``parent`` the kernel does not hold (an evicted listing);
-        their inodes."""
-        return [r[0] for r in self.db.execute(
-            "DELETE FROM e WHERE parent = ? AND lookups = 0 RETURNING ino", (parent,))]
+    def delete_unheld_children(self, parent: int) -> int:
+        """Drop the entries of ``parent`` the kernel does not hold (an evicted listing)."""
+        return self.db.execute("DELETE FROM e WHERE parent = ? AND lookups = 0",
+                               (parent,)).rowcount
 
 
 _SETTABLE = {"parent", "name", "dir", "size", "mtime", "version", "checked", "ctime", "seq",
