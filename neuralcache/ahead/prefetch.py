@@ -162,7 +162,6 @@ class Prefetcher:
         # bucket, had 317 MB prefetched and 84 MB read, 58 MB alone; rand128k 175 ->
         # 268 MB/s without it); a mount of one class-per-directory split (s3://b/train)
         # is predicted from the directories it opens.
-
         node = self.ns.get(parent) if siblings and self.enabled else None
         root = node.parent if node is not None else 0
         if root and root != ROOT_INODE and root not in self._dataset_roots:

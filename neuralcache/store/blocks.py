@@ -140,15 +140,17 @@ class BlockStore:
         off = index * self.block_size
         return off, max(0, min(self.block_size, obj.size - off))
 
+    def _in_memory(self, bk: BlockKey) -> bool:
+        return self.mem.get(bk) is not None or bk in self._flights
+
     def in_memory(self, obj: Pinned, index: int) -> bool:
         """In the memory tier or on its way there (the disk tier not counted)."""
-        bk = BlockKey(obj.key, obj.version, index)
-        return self.mem.get(bk) is not None or bk in self._flights
+        return self._in_memory(BlockKey(obj.key, obj.version, index))
 
     def cached(self, obj: Pinned, index: int) -> bool:
         """In memory, on its way there, or in the disk tier."""
-        return self.in_memory(obj, index) or (
-            self.disk is not None and self.disk.contains(BlockKey(obj.key, obj.version, index)))
+        bk = BlockKey(obj.key, obj.version, index)
+        return self._in_memory(bk) or (self.disk is not None and self.disk.contains(bk))
 
     def resident(self, obj: Pinned) -> bytes | None:
         """The whole of a one-block object when the memory tier holds it (fs/operations.py
