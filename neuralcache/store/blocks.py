@@ -265,7 +265,7 @@ class BlockStore:
         if self._nursery is None or index < 0 or index >= self.nblocks(obj):
             return False
         bk = BlockKey(obj.key, obj.version, index)
-        if bk in self._flights or self.mem.get(bk) is not None:
+        if self._in_memory(bk):
             return False
         self._start(bk, obj, kind)
         return True
