@@ -57,6 +57,37 @@ def test_reopen_for_update_reads_what_was_written(seaweed, s3, bucket, tmp_path,
         assert in_bucket(s3, bucket) == {"db.bin": want + b"tail"}
 
 
+# -- bench.tools.fsmodel seeds 5 and 12 at 200 steps: a file opened for update, not yet
+# written, then replaced by a rename (or unlinked); POSIX writes go on into the old file
+@pytest.mark.e2e
+@needs_fuse
+def test_write_through_a_descriptor_of_a_replaced_or_unlinked_file(seaweed, s3, bucket,
+                                                                   tmp_path, env):
+    old, new = payload(2, 300_000), payload(3, 50_000)
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        (mp / "d").write_bytes(old)
+        (mp / "u").write_bytes(old)
+        sync(mp, env)                          # both only on the remote now
+        (mp / "b").write_bytes(new)
+        fd = os.open(mp / "d", os.O_RDWR)
+        fu = os.open(mp / "u", os.O_RDWR)
+        try:
+            assert os.pread(fd, 1 << 20, 0) == old
+            os.rename(mp / "b", mp / "d")      # d is b's now; fd holds the old d
+            os.unlink(mp / "u")
+            assert os.pwrite(fd, b"XYZ", 9_000) == 3
+            assert os.pwrite(fu, b"tail", len(old)) == 4
+            assert os.pread(fd, 1 << 20, 0) == old[:9_000] + b"XYZ" + old[9_003:]
+            assert os.pread(fu, 1 << 20, 0) == old + b"tail"
+            assert (mp / "d").read_bytes() == new
+            assert not (mp / "u").exists()
+        finally:
+            os.close(fd)
+            os.close(fu)
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"d": new}
+
+
 # -- names and lengths the remote cannot hold ------------------------------------------
 @pytest.mark.e2e
 @needs_fuse

@@ -22,7 +22,7 @@ import time
 import trio
 
 from ..backends.base import ObjectInfo
-from ..errors import JournalError, NotFound, NotSupported
+from ..errors import JournalError, NeuralCacheError, NotFound, NotSupported
 from ..namespace import Namespace, Node
 from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
@@ -64,6 +64,8 @@ class WriteLayer(NameOps, Barriers):
                                  sealed=self._sealed, on_done=self._on_done,
                                  on_copied=self._moved)
         self.files: dict[int, LocalFile] = {}          # inode -> journal state
+        # inode -> its write handles that have not written yet (no LocalFile attached)
+        self._lazy: dict[int, set[WriteHandle]] = {}
         self._current: dict[str, LocalFile] = {}       # staging -> file it is current for
         self._unsealed: set[str] = set()
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
@@ -154,6 +156,8 @@ class WriteLayer(NameOps, Barriers):
             lf = lf or await self._new_local(node.key, node, 0)
         if lf is not None:
             self._attach(h, lf)
+        else:
+            self._lazy.setdefault(node.inode, set()).add(h)
         if flags & os.O_TRUNC:
             await self._truncate(lf, 0)
         return h
@@ -179,6 +183,34 @@ class WriteLayer(NameOps, Barriers):
     def _attach(self, h: WriteHandle, lf: LocalFile) -> None:
         h.lf = lf
         lf.writers += 1
+        self._drop_lazy(h)
+
+    def _drop_lazy(self, h: WriteHandle) -> None:
+        lazy = self._lazy.get(h.inode)
+        if lazy is not None:
+            lazy.discard(h)
+            if not lazy:
+                del self._lazy[h.inode]
+
+    async def _hold_for_writers(self, node: Node) -> bool:
+        """Before ``node`` is unlinked or replaced by a rename: if write handles that
+        have not written yet hold it open, copy its data into the journal for them
+        (POSIX lets them go on writing and reading the unlinked file; the remote copy
+        they would otherwise read is about to be deleted or overwritten).  True if this
+        awaited: the caller looks its names up again.  A copy that fails is logged and
+        the removal goes ahead: those handles then get ENOENT, as they would without it."""
+        if node.is_dir or node.inode in self.files or not self._lazy.get(node.inode) \
+                or node.version.startswith(LOCAL_VERSION):
+            return False
+        try:
+            lf = await self._new_local(node.key, node, node.size)
+        except NeuralCacheError as exc:
+            log.warning("%s: removed while open for writing; its data could not be kept "
+                        "for the open descriptors: %s", node.key, exc)
+            return False
+        for h in list(self._lazy.get(node.inode, ())):
+            self._attach(h, lf)
+        return True
 
     def _current_lf(self, h: WriteHandle) -> LocalFile | None:
         """The handle's LocalFile, attaching one another handle made meanwhile."""
@@ -398,10 +430,14 @@ class WriteLayer(NameOps, Barriers):
 
     def _sync_node(self, lf: LocalFile) -> None:
         node = self.ns.get(lf.inode)
-        if node is not None and not node.is_dir and not lf.unlinked:
+        if node is None or node.is_dir:
+            return
+        if lf.unlinked:      # still open: fstat() shows what its descriptors wrote
+            node.size, node.mtime = lf.size, lf.mtime
+        else:
             self.ns.total_bytes += lf.size - node.size
             node.size, node.version, node.mtime = lf.size, lf.version, lf.mtime
-            node.ctime = time.time()
+        node.ctime = time.time()
 
     # -- close, fsync -----------------------------------------------------------------
     async def flush(self, h: object) -> None:
@@ -486,7 +522,10 @@ class WriteLayer(NameOps, Barriers):
         if isinstance(h, ReadHandle):
             os.close(h.fd)
             return
-        if not isinstance(h, WriteHandle) or h.lf is None:
+        if not isinstance(h, WriteHandle):
+            return
+        if h.lf is None:
+            self._drop_lazy(h)
             return
         lf, h.lf = h.lf, None
         lf.writers -= 1

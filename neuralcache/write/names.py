@@ -89,6 +89,8 @@ class NameOps:
         node = self._child(parent_inode, name)
         if node.is_dir:
             raise IsADirectory(f"{node.key} is a directory")
+        if await self._hold_for_writers(node):
+            return await self.unlink(parent_inode, name)       # awaited: look again
         acts, released, new_ops, _ = self._forget_file(node, delete_remote=True)
         self._keep_parent(node)
         self.ns.remove(node)
@@ -177,6 +179,9 @@ class NameOps:
                 raise DirectoryNotEmpty(f"{dst} is not empty")
         elif target is not None and target.is_dir:
             raise IsADirectory(f"{dst} is a directory")
+        if target is not None and await self._hold_for_writers(target):
+            return await self.rename(old_parent, old_name, new_parent_inode, new_name,
+                                     flags)                    # awaited: look again
         acts: list[dict] = []
         released: list[str] = []
         new_ops: list[Op] = []
