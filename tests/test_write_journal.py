@@ -445,3 +445,30 @@ def test_truncate_by_path_racing_the_upload_s_end_keeps_its_file(tmp_path):
     cur = layer.files[node.inode]
     assert cur.size == 3 and os.pread(os.open(layer.journal.staging_path(cur.staging),
                                               os.O_RDONLY), 10, 0) == b"loc"
+
+
+def test_an_upload_that_ends_after_a_copy_on_write_is_deleted_by_an_unlink(tmp_path):
+    """fsmodel seed 8 at 200 steps: a new file written and closed (its upload runs),
+    written again (copy on write: a new staging file), the upload ends, then it is
+    unlinked.  The remote holds the upload, so the unlink must delete it; it came back
+    at the next mount."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.write.opqueue import Op
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    layer._current[lf.staging] = lf
+    uploading = lf.staging
+    assert not lf.remote_base                 # made here: the remote had nothing
+
+    async def main():
+        h = await layer.open(node, os.O_RDWR, 1)
+        await layer.write(h, 0, b"L")         # sealed: copied to a new staging file
+        assert lf.staging != uploading
+        layer._on_done(Op(1, "put", node.key, staging=uploading),
+                       ObjectInfo(node.key, 5, "etag-1", 0.0))
+        assert lf.remote_base
+        acts, _, new_ops, may_hold = layer._forget_file(node, delete_remote=True)
+        assert may_hold and [(op.kind, op.key) for op in new_ops] == [("delete", node.key)]
+        await layer.release(h)
+
+    trio.run(main)

@@ -618,6 +618,14 @@ class WriteLayer(NameOps, Barriers):
         """The uploader finished ``op`` (its done record is durable)."""
         self._recent.append((time.monotonic(), op))
         if op.kind == "put":
+            if info is not None:
+                # The remote now holds an object at op.key, whichever version of the
+                # file there it was: an older one (copied on write since) too, so an
+                # unlink or a rename over it must delete it (fsmodel seed 8).
+                node = self.ns.by_path(op.key)
+                held = self.files.get(node.inode) if node is not None else None
+                if held is not None and held.key == op.key:
+                    held.remote_base = True
             lf = self._current.get(op.staging)
             if lf is not None and lf.key == op.key and info is not None:
                 lf.remote_base = True
