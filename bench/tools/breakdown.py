@@ -21,7 +21,8 @@ The daemon runs with ``NEURALCACHE_CPU_ACCOUNTING=1`` (neuralcache/cpuacct.py): 
 CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also shown
 alone), read-ahead/prefetch decisions, the rest of the trio thread (FUSE handlers, the
 block store and memory tier, pyfuse3's request loop, trio) and the rest of the worker
-threads (hand-offs).  Also reported: FUSE requests per file by operation, the kernel's
+threads (hand-offs).  Also reported: FUSE requests per file by operation (less the
+requests of reading the stats file itself, measured in the same run), the kernel's
 read request sizes, and the WAN emulator's own CPU (it must not be the bottleneck).
 Writes breakdown.json.
 """
@@ -64,8 +65,17 @@ def _delta(after: dict, before: dict) -> dict:
     return {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, (int, float))}
 
 
+def snapshot_requests(mnt: Path) -> dict:
+    """The FUSE requests one reading of the stats file itself costs (its lookup,
+    getattrs, open, reads, release): two snapshots in a row, differenced.  ``measure``
+    takes them off, so that requests per file count only the workload's."""
+    a = stats(mnt)
+    return _delta(stats(mnt).get("fuse_requests", {}), a.get("fuse_requests", {}))
+
+
 def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
     """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas."""
+    own = snapshot_requests(mnt)
     s0 = stats(mnt)
     p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
     f0 = minor_faults(s0["pid"])
@@ -77,7 +87,8 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
     cpu = _delta(s1.get("cpu_s") or {}, s0.get("cpu_s") or {}) or \
         {"total": cpu_seconds(s1["pid"]) - d0}
     return {"seconds": secs, "bytes": nbytes, "files": nfiles, "wrong": wrong, "cpu": cpu,
-            "fuse_requests": _delta(s1.get("fuse_requests", {}), s0.get("fuse_requests", {})),
+            "fuse_requests": {k: max(0, v - own.get(k, 0)) for k, v in _delta(
+                s1.get("fuse_requests", {}), s0.get("fuse_requests", {})).items()},
             "fuse_read_sizes": _delta(s1.get("fuse_read_sizes", {}),
                                       s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
