@@ -76,3 +76,30 @@ def test_a_pushed_file_replaced_on_the_remote_reads_one_whole_version(seaweed, s
                 return got == versions[i]
 
             assert eventually(newest, timeout=10.0, every=0.3), seen
+
+
+def test_a_small_file_not_in_memory_is_loaded_by_its_open(seaweed, s3, tmp_path):
+    """PUSH_LOADS: a small file the prefetcher has not fetched is loaded by its open and
+    pushed, so its read sends no READ either; one deleted on the remote since it was
+    listed fails at open (ENOENT) and leaves no handle behind."""
+    bucket = new_bucket(s3)
+    # more files than a directory's siblings are loaded at once for (SIBLINGS_MAX_FILES)
+    files = {f"big/s{i:03d}.bin": payload(800 + i, 30_000 + 101 * i) for i in range(40)}
+    upload_tree(s3, bucket, files)
+    names = sorted(files)
+    with s3_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "60") as mp:
+        for n in names:
+            (mp / n).stat()                     # listed and looked up, nothing read
+        gone = names[-1]
+        s3.delete_object(Bucket=bucket, Key=gone)
+        before = stats(mp)
+        for n in names[:-1][::-3]:              # backwards: no sequence to predict
+            assert digest((mp / n).read_bytes()) == digest(files[n]), n
+        after = stats(mp)
+        assert after["reads"] - before["reads"] == 0, after
+        assert after["pushed_files"] - before["pushed_files"] == len(names[:-1][::-3])
+        with pytest.raises(FileNotFoundError):
+            open(mp / gone, "rb")
+        s = stats(mp)
+        assert s["open_handles"] == 0 and s["read_errors"] == 1, s
+        assert s["push_errors"] == 0

@@ -22,10 +22,10 @@ import trio
 from .. import cpuacct
 from . import control
 from ..store.blocks import BlockStore, Pinned
-from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
-                      IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
-                      NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
-                      VersionChanged)
+from ..errors import (AlreadyExists, BackendError, DirectoryNotEmpty, FileTooBig,
+                      InvalidChange, IsADirectory, JournalError, JournalFull, NameTooLong,
+                      NotADirectory, NotFound, NotSupported, PermissionDenied, Unavailable,
+                      UserError, VersionChanged)
 from ..backends.base import NAME_MAX
 from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
@@ -64,11 +64,18 @@ READDIR_PAGE = 512
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
-# Push at open (_push): a file up to this size whose bytes are in memory goes into the
-# kernel page cache before the open is answered, so its read sends no READ.  1 MiB is
-# the largest READ the kernel sends here (daemon.py raises the read-ahead window): such
-# a file costs exactly one READ, which the push replaces.  0 turns pushing off.
+# Push at open (_push): a file up to this size goes into the kernel page cache before
+# the open is answered, so its read sends no READ.  1 MiB is the largest READ the kernel
+# sends here (daemon.py raises the read-ahead window): such a file costs exactly one
+# READ, which the push replaces.  0 turns pushing off.
 PUSH_MAX_BYTES = 1 << 20
+# A small file not yet in memory at its first open (the prefetcher's GET still in
+# flight, only in the disk tier, or not predicted) is loaded by the open itself and
+# then pushed: the READ that would follow at once waits for the same bytes, so the
+# open costs what that READ would have and the READ request goes (bench.breakdown
+# "files cold": ~10 % of 1,000 files still sent a READ with pushing only what was
+# resident).  False: push only what is already in memory.
+PUSH_LOADS = True
 
 
 def _errno_for(exc: BaseException) -> int:
@@ -364,22 +371,44 @@ class Operations(pyfuse3.Operations):
             self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent, warm=keep)
             cpuacct.charge("ahead", t0)
         if kv is None and not busy and self.writes is None and not flags & os.O_DIRECT:
-            keep = self._push(node, pinned, ctx.pid)
+            try:
+                keep = await self._push(node, pinned, ctx.pid)
+            except BaseException:     # the load failed (or the daemon stops): no open
+                self._handles.pop(fh, None)
+                self._unread(inode)
+                self._kernel_version.pop(inode, None)
+                raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
-    def _push(self, node: Node, pinned: Pinned, pid: int) -> bool:
-        """A small file whose bytes are in memory goes into the kernel page cache
-        (notify_store) before its open is answered; True: it is there, keep it.  Only
-        when the kernel holds no page of the inode (never opened, or invalidated since)
-        and no handle has it open: no READ of it is then in flight, whose page lock
-        this thread would wait for while the READ waits for this thread.  Read-only
-        mounts only (no dirty pages, no writeback; a --writable one's pages may hold
-        written bytes)."""
+    async def _push(self, node: Node, pinned: Pinned, pid: int) -> bool:
+        """A small file goes into the kernel page cache (notify_store) before its open
+        is answered; True: it is there, keep it.  Only when the kernel holds no page of
+        the inode (never opened, or invalidated since) and no other handle has it open:
+        no READ of it is then in flight, whose page lock this thread would wait for
+        while the READ waits for this thread.  Read-only mounts only (no dirty pages, no
+        writeback; a --writable one's pages may hold written bytes).  A file not in
+        memory is loaded first (PUSH_LOADS), like the READ it replaces: its errors are
+        the open's (ENOENT: gone from the remote; EIO: the remote did not answer)."""
         if not 0 < pinned.size <= PUSH_MAX_BYTES:
             return False
         data = self.store.resident(pinned)
-        if data is None:
-            return False
+        loaded = data is None
+        if loaded:
+            if not PUSH_LOADS:
+                return False
+            try:
+                data = await self.store.load_whole(pinned)
+            except NotFound:
+                self.stats.read_errors += 1
+                log.warning("%s: listed, but the remote has no such object now (deleted "
+                            "since it was listed, or a manifest out of date)", pinned.key)
+                raise
+            except BackendError:
+                self.stats.read_errors += 1
+                raise
+            # another open of it meanwhile: its READ may hold a page lock now
+            if data is None or self._reading.get(node.inode) != 1:
+                return False
         st = self.stats
         try:
             pyfuse3.notify_store(node.inode, 0, data)
@@ -387,7 +416,8 @@ class Operations(pyfuse3.Operations):
             st.push_errors += 1
             log.debug("notify_store of %s failed: %s", pinned.key, exc)
             return False
-        self.store.served(pinned, len(data))
+        if not loaded:          # load_whole counted its own hit or miss
+            self.store.served(pinned, len(data))
         st.pushed_files += 1
         st.pushed_bytes += len(data)
         st.bytes_served += len(data)
@@ -492,14 +522,16 @@ class Operations(pyfuse3.Operations):
         elif h is not None and hasattr(h, "finish"):
             await self._install_hints(h)   # (a bad hint failed the write that carried it)
 
+    def _unread(self, ino: int) -> None:
+        n = self._reading.pop(ino, 1) - 1
+        if n:
+            self._reading[ino] = n
+
     @_edge
     async def release(self, fh):
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
-            ino = h.node.inode
-            n = self._reading.pop(ino, 1) - 1
-            if n:
-                self._reading[ino] = n
+            self._unread(h.node.inode)
         elif self.writes is not None and self.writes.owns(h):
             await self.writes.release(h)
         elif h is not None and hasattr(h, "finish"):

@@ -161,6 +161,20 @@ class BlockStore:
         data = self.mem.get(BlockKey(obj.key, obj.version, 0))
         return data if data is not None and len(data) == obj.size else None
 
+    async def load_whole(self, obj: Pinned) -> bytes | None:
+        """The whole of a one-block object for a push at open, loaded like a demand
+        read of it (joining a load in flight, from the disk tier or the remote; a
+        domain error if it cannot be); None if it is larger, or shorter than listed
+        (the READ then sees what the remote has)."""
+        if not 0 < obj.size <= self.block_size:
+            return None
+        data, hit = await self.get(obj, 0)
+        if len(data) != obj.size:
+            return None
+        if hit:
+            self.stats.demand_hit_bytes += len(data)
+        return data
+
     def served(self, obj: Pinned, n: int) -> None:
         """A resident object went to the kernel: the demand hit of the read it replaces."""
         st = self.stats
