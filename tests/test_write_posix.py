@@ -12,7 +12,7 @@ import trio
 from conftest import cli_env, mounted, needs_fuse, new_bucket, payload, run_cli
 from test_e2e import stats
 from test_write import (RefusingProxy, bucket, env, in_bucket, s3, seaweed,  # noqa: F401
-                        shared_bucket, sync)     # the write tests' server and fixtures
+                        shared_bucket, split, sync)     # the write tests' server and fixtures
 
 MB = 1 << 20
 TIB = 1 << 40
@@ -138,6 +138,26 @@ def test_lengths_past_the_largest_object_are_efbig_and_cost_no_memory(seaweed, s
                           if line.startswith("VmHWM")))
         assert rss_kb < 1_000_000, rss_kb       # the old path reached 17 GB
     assert in_bucket(s3, bucket) == {"huge.bin": b"start"}
+
+
+# -- fsmodel seed 15 at 200 steps: SeaweedFS keeps a directory entry after its last
+# object is deleted; a --writable mount shows it and must let the job use it
+@pytest.mark.e2e
+@needs_fuse
+def test_a_directory_the_store_keeps_empty_can_be_written_into(seaweed, s3, bucket,
+                                                                tmp_path, env):
+    name, prefix = split(bucket)
+    s3.put_object(Bucket=name, Key=prefix + "keep.bin", Body=b"keep")
+    s3.put_object(Bucket=name, Key=prefix + "ckpt/old.bin", Body=b"old")
+    s3.delete_object(Bucket=name, Key=prefix + "ckpt/old.bin")
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        os.makedirs(mp / "ckpt", exist_ok=True)      # EEXIST: the store shows it
+        assert not (mp / "ckpt" / "latest.pt").exists()   # listed inside: empty
+        assert (mp / "ckpt").is_dir()
+        (mp / "ckpt" / "new.bin").write_bytes(b"new")
+        assert os.listdir(mp / "ckpt") == ["new.bin"]
+        sync(mp, env)
+    assert in_bucket(s3, bucket) == {"keep.bin": b"keep", "ckpt/new.bin": b"new"}
 
 
 # -- what pjdfstest checks ---------------------------------------------------------------

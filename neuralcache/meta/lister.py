@@ -372,9 +372,15 @@ class Lister:
 
     def _prune_if_empty(self, dir_inode: int, d) -> None:
         """A prefix with nothing valid under it (only keys that cannot be paths, or a
-        store's leftover directory entry) is not a directory: it goes once listed."""
+        store's leftover directory entry: SeaweedFS keeps one after its last object is
+        deleted) is not a directory: it goes once listed.  On a --writable mount it
+        stays, as an empty directory of this mount: the job saw it (its mkdir said
+        EEXIST) and may be about to create files in it (fsmodel seed 15)."""
         if dir_inode == 1 or self.ns.rows.has_children(dir_inode) or \
                 self._claims(0.0)(d.key):
+            return
+        if self.writes is not None:
+            self.writes.local_dirs.add(d.key)
             return
         node = self.ns.get(dir_inode)
         if node is not None and not node.removed:
