@@ -11,9 +11,13 @@ Part sizes and how many parts are in flight are the uploader's business
 """
 from __future__ import annotations
 
+import logging
 import time
 
+from ..errors import Unavailable
 from .base import ObjectInfo
+
+log = logging.getLogger(__name__)
 
 # Largest object CopyObject accepts (AWS: 5 GB); larger ones are copied part by part
 # with UploadPartCopy.
@@ -56,11 +60,36 @@ class S3Writes:
                            size: int) -> ObjectInfo:
         full = self.prefix + key
         doc = {"Parts": [{"PartNumber": n, "ETag": f'"{e}"'} for n, e in sorted(parts)]}
-        r = self._call(f"complete upload of {key}",
-                       lambda: self._client.complete_multipart_upload(
-                           Bucket=self.bucket, Key=full, UploadId=upload_id,
-                           MultipartUpload=doc))
+
+        def complete():
+            return self._call(f"complete upload of {key}",
+                              lambda: self._client.complete_multipart_upload(
+                                  Bucket=self.bucket, Key=full, UploadId=upload_id,
+                                  MultipartUpload=doc))
+        try:
+            r = complete()
+        except Unavailable as exc:
+            if "InternalError" not in str(exc) or not self._drop_empty_dir_entry(key):
+                raise
+            r = complete()
         return ObjectInfo(key, size, _etag(r), time.time())
+
+    def _drop_empty_dir_entry(self, key: str) -> bool:
+        """SeaweedFS keeps a directory's entry after the last object under it is
+        deleted, and then refuses to complete a multipart upload of a file of that name
+        (InternalError, "existing entry is a directory"; a single PUT replaces the
+        entry).  If nothing is stored under ``key/``, delete that entry and say so.  On
+        S3 this deletes nothing: an object named ``key/`` would have been listed."""
+        full = self.prefix + key + "/"
+        r = self._call(f"list {key}/", lambda: self._client.list_objects_v2(
+            Bucket=self.bucket, Prefix=full, MaxKeys=1))
+        if r.get("KeyCount", 0) or r.get("Contents"):
+            return False
+        self._call(f"delete {key}/", lambda: self._client.delete_object(
+            Bucket=self.bucket, Key=full))
+        log.info("%s: removed the store's empty directory entry %s/ that refused the "
+                 "upload's completion", key, key)
+        return True
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         full = self.prefix + key
