@@ -4,6 +4,7 @@ bucket, plus the limits that keep a bad syscall from taking the node down (names
 lengths the remote cannot hold, the uploads' memory budget)."""
 import errno
 import os
+import threading
 import time
 
 import pytest
@@ -86,6 +87,35 @@ def test_write_through_a_descriptor_of_a_replaced_or_unlinked_file(seaweed, s3, 
             os.close(fu)
         sync(mp, env)
         assert in_bucket(s3, bucket) == {"d": new}
+
+
+# -- fsmodel seed 30 at 200 steps: fsync of a replaced file waited for the new file's
+# upload, which waits for its own writer to close: the fsync hung
+@pytest.mark.e2e
+@needs_fuse
+def test_fsync_of_a_replaced_file_does_not_wait_for_its_successor(seaweed, s3, bucket,
+                                                                  tmp_path, env):
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        (mp / "a").write_bytes(b"old a")
+        old = os.open(mp / "a", os.O_RDWR)
+        (mp / "b").write_bytes(b"new a")
+        os.rename(mp / "b", mp / "a")            # old holds the replaced file
+        keep = os.open(mp / "a", os.O_RDWR)      # the new a stays open for writing...
+        os.pwrite(keep, b"N", 0)
+        other = os.open(mp / "a", os.O_RDWR)
+        os.close(other)                          # ...and is journaled, not sealed
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (os.fsync(old), done.set()), daemon=True)
+        t.start()
+        try:
+            assert done.wait(10.0), "fsync of the replaced file waits for the new one"
+            assert os.pread(old, 100, 0) == b"old a"
+        finally:
+            os.close(keep)                       # unblocks a hung fsync either way
+            t.join(30.0)
+            os.close(old)
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"a": b"New a"}
 
 
 # -- names and lengths the remote cannot hold ------------------------------------------

@@ -499,18 +499,22 @@ class WriteLayer(NameOps, Barriers):
         self.queue.notify()
 
     async def fsync(self, h: object) -> None:
-        """Until the remote has this file (EIO if it cannot get it)."""
+        """Until the remote has this file (EIO if it cannot get it).  A file unlinked
+        or replaced by a rename has nothing to wait for: its name's operations are
+        another file's now, whose writer may keep it open (fsmodel seed 30: an fsync of
+        the replaced file waited for the new one's close)."""
         if isinstance(h, WriteHandle):
-            lf, node = self._current_lf(h), self.ns.get(h.inode)
-            key = lf.key if lf else (node.key if node else None)
+            lf, inode = self._current_lf(h), h.inode
         elif isinstance(h, ReadHandle):
-            lf, key = h.lf, h.lf.key
+            lf, inode = h.lf, h.lf.inode
         else:
             return
-        if lf is not None and not lf.unlinked:
+        node = self.ns.get(inode)
+        if node is None or node.removed or (lf is not None and lf.unlinked):
+            return
+        if lf is not None:
             await self._commit_file(lf, seal=True)
-        if key is not None:
-            await self.queue.wait(self.queue.ops_on(key))
+        await self.queue.wait(self.queue.ops_on(lf.key if lf else node.key))
 
     async def fsync_key(self, key: str, tree: bool = False) -> None:
         """Until the remote has every operation on ``key`` (a directory: under it)
