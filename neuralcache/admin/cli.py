@@ -211,7 +211,7 @@ def cmd_umount(args: argparse.Namespace) -> int:
         msg = (res.stderr or res.stdout).strip()
         if "busy" in msg.lower():
             raise UserError(f"{mp} is busy: close the files and shells using it "
-                            "(see `fuser -vm {mp}`), or use --lazy")
+                            f"(see `fuser -vm {mp}`), or use --lazy")
         raise UserError(f"unmounting {mp} failed: {msg}")
     if pid:
         deadline = time.monotonic() + UMOUNT_WAIT_S
