@@ -1,5 +1,5 @@
 """End-to-end: small files the prefetcher fetched are put into the kernel page cache at
-open (fs/operations.py ``_push``), so their reads send no READ request; every byte read
+open (fs/push.py), so their reads send no READ request; every byte read
 is compared with the source, including across remote replacements."""
 import time
 

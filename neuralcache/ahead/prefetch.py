@@ -72,7 +72,7 @@ SAFETY = 2.0
 SIBLINGS_MAX_FILES = 16
 # A predicted file up to this size found only in the disk tier is loaded into memory
 # ahead of its open, so that the open pushes it into the kernel page cache (1 MiB:
-# fs/operations.py PUSH_MAX_BYTES; 1,000 x 100 KiB from the disk cache, bench.breakdown
+# fs/push.py PUSH_MAX_BYTES; 1,000 x 100 KiB from the disk cache, bench.breakdown
 # "files disk": 0.88/0.95 -> 0.67/0.77 ms per file).  A larger file is read from disk on
 # demand with read-ahead: loading a 1 GiB file's blocks ahead as well queued the
 # reader's own disk reads behind them (its disk-cache rate 1,003/862 -> 453/476 MB/s).

@@ -22,15 +22,16 @@ import trio
 from .. import cpuacct
 from . import control
 from ..store.blocks import BlockStore, Pinned
-from ..errors import (AlreadyExists, BackendError, DirectoryNotEmpty, FileTooBig,
-                      InvalidChange, IsADirectory, JournalError, JournalFull, NameTooLong,
-                      NotADirectory, NotFound, NotSupported, PermissionDenied, Unavailable,
-                      UserError, VersionChanged)
+from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
+                      IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
+                      NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
+                      VersionChanged)
 from ..backends.base import NAME_MAX
 from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
+from .push import Pusher
 from .trace import TraceRing
 
 log = logging.getLogger(__name__)
@@ -64,18 +65,6 @@ READDIR_PAGE = 512
 # Reported block size (st_blksize): tools size their reads by it.  1 MiB is large
 # enough for throughput and a multiple of the kernel's 128 KiB FUSE request size.
 ST_BLKSIZE = 1 << 20
-# Push at open (_push): a file up to this size goes into the kernel page cache before
-# the open is answered, so its read sends no READ.  1 MiB is the largest READ the kernel
-# sends here (daemon.py raises the read-ahead window): such a file costs exactly one
-# READ, which the push replaces.  0 turns pushing off.
-PUSH_MAX_BYTES = 1 << 20
-# A small file not yet in memory at its first open (the prefetcher's GET still in
-# flight, only in the disk tier, or not predicted) is loaded by the open itself and
-# then pushed: the READ that would follow at once waits for the same bytes, so the
-# open costs what that READ would have and the READ request goes (bench.breakdown
-# "files cold": ~10 % of 1,000 files still sent a READ with pushing only what was
-# resident).  False: push only what is already in memory.
-PUSH_LOADS = True
 
 
 def _errno_for(exc: BaseException) -> int:
@@ -156,6 +145,7 @@ class Operations(pyfuse3.Operations):
         self._next_fh = 1
         self._kernel_version: dict[int, str] = {}   # inode -> version last opened
         self._reading: dict[int, int] = {}          # inode -> open FileHandles
+        self.pusher = Pusher(store, stats, trace, prefetcher, self._reading.get)
         # A --writable mount: neuralcache.write.layer.WriteLayer, else None (EROFS).
         self.writes = writes
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
@@ -372,59 +362,13 @@ class Operations(pyfuse3.Operations):
             cpuacct.charge("ahead", t0)
         if kv is None and not busy and self.writes is None and not flags & os.O_DIRECT:
             try:
-                keep = await self._push(node, pinned, ctx.pid)
+                keep = await self.pusher.push(inode, pinned, ctx.pid)
             except BaseException:     # the load failed (or the daemon stops): no open
                 self._handles.pop(fh, None)
                 self._unread(inode)
                 self._kernel_version.pop(inode, None)
                 raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
-
-    async def _push(self, node: Node, pinned: Pinned, pid: int) -> bool:
-        """A small file goes into the kernel page cache (notify_store) before its open
-        is answered; True: it is there, keep it.  Only when the kernel holds no page of
-        the inode (never opened, or invalidated since) and no other handle has it open:
-        no READ of it is then in flight, whose page lock this thread would wait for
-        while the READ waits for this thread.  Read-only mounts only (no dirty pages, no
-        writeback; a --writable one's pages may hold written bytes).  A file not in
-        memory is loaded first (PUSH_LOADS), like the READ it replaces: its errors are
-        the open's (ENOENT: gone from the remote; EIO: the remote did not answer)."""
-        if not 0 < pinned.size <= PUSH_MAX_BYTES:
-            return False
-        data = self.store.resident(pinned)
-        loaded = data is None
-        if loaded:
-            if not PUSH_LOADS:
-                return False
-            try:
-                data = await self.store.load_whole(pinned)
-            except NotFound:
-                self.stats.read_errors += 1
-                log.warning("%s: listed, but the remote has no such object now (deleted "
-                            "since it was listed, or a manifest out of date)", pinned.key)
-                raise
-            except BackendError:
-                self.stats.read_errors += 1
-                raise
-            # another open of it meanwhile: its READ may hold a page lock now
-            if data is None or self._reading.get(node.inode) != 1:
-                return False
-        st = self.stats
-        try:
-            pyfuse3.notify_store(node.inode, 0, data)
-        except OSError as exc:     # e.g. ENOENT: the kernel dropped the inode meanwhile
-            st.push_errors += 1
-            log.debug("notify_store of %s failed: %s", pinned.key, exc)
-            return False
-        if not loaded:          # load_whole counted its own hit or miss
-            self.store.served(pinned, len(data))
-        st.pushed_files += 1
-        st.pushed_bytes += len(data)
-        st.bytes_served += len(data)
-        self.trace.record("read", pinned.key, 0, len(data), pid, pinned.size)
-        if self.prefetcher is not None:
-            self.prefetcher.on_read(pinned.key, 0, len(data), pinned.size, pid)
-        return True
 
     async def _revalidate(self, node: Node) -> None:
         """The entry is older than the TTL: ask the remote (one HEAD) before opening."""

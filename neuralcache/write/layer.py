@@ -1,6 +1,6 @@
 """The write layer of a ``--writable`` mount: what the FUSE edge (fs/operations.py)
-calls to create, open, write, read, close and sync files (this module) and to change
-names (names.py, mixed in).  Runs on the trio thread; blocking I/O goes to worker
+calls to create, open, write, read, close and sync files (this module), to change
+names (names.py, mixed in) and the journal records behind them (records.py).  Runs on the trio thread; blocking I/O goes to worker
 threads (``DISK_THREADS``), remote work to the uploader.
 
 Durability (the README's contract):
@@ -22,7 +22,7 @@ import time
 import trio
 
 from ..backends.base import ObjectInfo
-from ..errors import JournalError, NeuralCacheError, NotFound, NotSupported
+from ..errors import JournalError, NotFound, NotSupported
 from ..namespace import Namespace, Node
 from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
@@ -32,7 +32,8 @@ from .limits import check_key, check_name, check_size
 from .stream import START_PARTS
 from .barriers import Barriers
 from .names import NameOps
-from .opqueue import Op, OpQueue
+from .records import Records
+from .opqueue import OpQueue
 from .uploader import PART_SIZE, Uploader
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ FILL_AHEAD = 4
 STREAM_UPLOADS = True
 
 
-class WriteLayer(NameOps, Barriers):
+class WriteLayer(NameOps, Records, Barriers):
     def __init__(self, ns: Namespace, store, backend, cache_subdir: str, *,
                  sync_close: bool = False):
         self.ns = ns
@@ -191,26 +192,6 @@ class WriteLayer(NameOps, Barriers):
             lazy.discard(h)
             if not lazy:
                 del self._lazy[h.inode]
-
-    async def _hold_for_writers(self, node: Node) -> bool:
-        """Before ``node`` is unlinked or replaced by a rename: if write handles that
-        have not written yet hold it open, copy its data into the journal for them
-        (POSIX lets them go on writing and reading the unlinked file; the remote copy
-        they would otherwise read is about to be deleted or overwritten).  True if this
-        awaited: the caller looks its names up again.  A copy that fails is logged and
-        the removal goes ahead: those handles then get ENOENT, as they would without it."""
-        if node.is_dir or node.inode in self.files or not self._lazy.get(node.inode) \
-                or node.version.startswith(LOCAL_VERSION):
-            return False
-        try:
-            lf = await self._new_local(node.key, node, node.size)
-        except NeuralCacheError as exc:
-            log.warning("%s: removed while open for writing; its data could not be kept "
-                        "for the open descriptors: %s", node.key, exc)
-            return False
-        for h in list(self._lazy.get(node.inode, ())):
-            self._attach(h, lf)
-        return True
 
     def _current_lf(self, h: WriteHandle) -> LocalFile | None:
         """The handle's LocalFile, attaching one another handle made meanwhile."""
@@ -575,67 +556,3 @@ class WriteLayer(NameOps, Barriers):
             os.close(lf.fd)
             lf.fd = None
         self._release_staging(lf.staging)
-
-    # -- journal records and staging files --------------------------------------------
-    def _cancel_tail_puts(self, key: str) -> list[Op]:
-        """Cancel uploads to ``key`` that have not started and that nothing after them
-        needs (a newer version, a rename or an unlink supersedes them); newest first.
-        Their staging files stay until the cancel record is durable (``_commit``)."""
-        cancelled = []
-        while (op := self.queue.last_on(key)) is not None and op.kind == "put" \
-                and op.key == key and not op.running:
-            self.queue.finish(op)
-            self.uploader.abort_later(op)
-            self._cancelling[op.staging] += 1
-            cancelled.append(op)
-        return cancelled
-
-    async def _commit(self, what: str, acts: list[dict], new_ops: list[Op],
-                      released: list[str], **info) -> None:
-        if not acts:
-            return
-
-        def durable() -> None:
-            for op in new_ops:
-                op.durable = True
-            for name in released:
-                self._cancelling[name] -= 1
-                if self._cancelling[name] <= 0:
-                    del self._cancelling[name]
-                self._release_staging(name)
-            self.queue.notify()
-
-        p = self.committer.submit(what, acts, durable)
-        p.rec.update(info)
-        await p.wait()
-
-    def _release_staging(self, name: str) -> None:
-        """Delete a staging file once nothing needs it (no file's current data, no
-        upload, no cancel record still to be written)."""
-        if name in self._current or name in self._cancelling or self.queue.puts_of(name):
-            return
-        if self._nursery is not None:
-            self._nursery.start_soon(trio.to_thread.run_sync, self.journal.remove_staging,
-                                     name)
-
-    def _on_done(self, op: Op, info: ObjectInfo | None) -> None:
-        """The uploader finished ``op`` (its done record is durable)."""
-        self._recent.append((time.monotonic(), op))
-        if op.kind == "put":
-            if info is not None:
-                # The remote now holds an object at op.key, whichever version of the
-                # file there it was: an older one (copied on write since) too, so an
-                # unlink or a rename over it must delete it (fsmodel seed 8).
-                node = self.ns.by_path(op.key)
-                held = self.files.get(node.inode) if node is not None else None
-                if held is not None and held.key == op.key:
-                    held.remote_base = True
-            lf = self._current.get(op.staging)
-            if lf is not None and lf.key == op.key and info is not None:
-                lf.remote_base = True
-                if lf.sealed and not lf.dirty and not self.queue.puts_of(op.staging):
-                    lf.uploaded = info
-                    if lf.writers == 0:
-                        self._uploaded(lf, info)
-            else:
-                self._release_staging(op.staging)

@@ -20,7 +20,7 @@ import os
 import time
 
 from ..errors import (AlreadyExists, DirectoryNotEmpty, InvalidChange, IsADirectory,
-                      NotADirectory, NotFound)
+                      NeuralCacheError, NotADirectory, NotFound)
 from ..namespace import Node
 from .files import LOCAL_VERSION
 from .limits import check_key, check_name
@@ -123,6 +123,26 @@ class NameOps:
             elif self.files.get(lf.inode) is lf:
                 del self.files[lf.inode]       # its writers write into the void
         return acts, released, new_ops, may_hold
+
+    async def _hold_for_writers(self, node: Node) -> bool:
+        """Before ``node`` is unlinked or replaced by a rename: if write handles that
+        have not written yet hold it open, copy its data into the journal for them
+        (POSIX lets them go on writing and reading the unlinked file; the remote copy
+        they would otherwise read is about to be deleted or overwritten).  True if this
+        awaited: the caller looks its names up again.  A copy that fails is logged and
+        the removal goes ahead: those handles then get ENOENT, as they would without it."""
+        if node.is_dir or node.inode in self.files or not self._lazy.get(node.inode) \
+                or node.version.startswith(LOCAL_VERSION):
+            return False
+        try:
+            lf = await self._new_local(node.key, node, node.size)
+        except NeuralCacheError as exc:
+            log.warning("%s: removed while open for writing; its data could not be kept "
+                        "for the open descriptors: %s", node.key, exc)
+            return False
+        for h in list(self._lazy.get(node.inode, ())):
+            self._attach(h, lf)
+        return True
 
     async def mkdir(self, parent_inode: int, name: str) -> Node:
         parent = await self._listed_dir(parent_inode)

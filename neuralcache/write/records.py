@@ -1,0 +1,78 @@
+"""The journal's records and staging files of a writable mount (a mix-in of
+layer.WriteLayer): cancelling uploads a newer change supersedes, committing a change's
+acts to the intent log, deleting a staging file once nothing needs it, and what an
+upload that finished changes.
+"""
+from __future__ import annotations
+
+import time
+
+import trio
+
+from ..backends.base import ObjectInfo
+from .opqueue import Op
+
+
+class Records:
+    def _cancel_tail_puts(self, key: str) -> list[Op]:
+        """Cancel uploads to ``key`` that have not started and that nothing after them
+        needs (a newer version, a rename or an unlink supersedes them); newest first.
+        Their staging files stay until the cancel record is durable (``_commit``)."""
+        cancelled = []
+        while (op := self.queue.last_on(key)) is not None and op.kind == "put" \
+                and op.key == key and not op.running:
+            self.queue.finish(op)
+            self.uploader.abort_later(op)
+            self._cancelling[op.staging] += 1
+            cancelled.append(op)
+        return cancelled
+
+    async def _commit(self, what: str, acts: list[dict], new_ops: list[Op],
+                      released: list[str], **info) -> None:
+        if not acts:
+            return
+
+        def durable() -> None:
+            for op in new_ops:
+                op.durable = True
+            for name in released:
+                self._cancelling[name] -= 1
+                if self._cancelling[name] <= 0:
+                    del self._cancelling[name]
+                self._release_staging(name)
+            self.queue.notify()
+
+        p = self.committer.submit(what, acts, durable)
+        p.rec.update(info)
+        await p.wait()
+
+    def _release_staging(self, name: str) -> None:
+        """Delete a staging file once nothing needs it (no file's current data, no
+        upload, no cancel record still to be written)."""
+        if name in self._current or name in self._cancelling or self.queue.puts_of(name):
+            return
+        if self._nursery is not None:
+            self._nursery.start_soon(trio.to_thread.run_sync, self.journal.remove_staging,
+                                     name)
+
+    def _on_done(self, op: Op, info: ObjectInfo | None) -> None:
+        """The uploader finished ``op`` (its done record is durable)."""
+        self._recent.append((time.monotonic(), op))
+        if op.kind == "put":
+            if info is not None:
+                # The remote now holds an object at op.key, whichever version of the
+                # file there it was: an older one (copied on write since) too, so an
+                # unlink or a rename over it must delete it (fsmodel seed 8).
+                node = self.ns.by_path(op.key)
+                held = self.files.get(node.inode) if node is not None else None
+                if held is not None and held.key == op.key:
+                    held.remote_base = True
+            lf = self._current.get(op.staging)
+            if lf is not None and lf.key == op.key and info is not None:
+                lf.remote_base = True
+                if lf.sealed and not lf.dirty and not self.queue.puts_of(op.staging):
+                    lf.uploaded = info
+                    if lf.writers == 0:
+                        self._uploaded(lf, info)
+            else:
+                self._release_staging(op.staging)
