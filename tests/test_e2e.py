@@ -204,7 +204,8 @@ def test_corrupted_cache_block_is_refetched(seaweed, dataset_bucket, tmp_path):
 
 def test_stats_and_trace_commands(seaweed, dataset_bucket, tmp_path, env):
     with s3_mount(seaweed, dataset_bucket, tmp_path) as mp:
-        (mp / "README.txt").read_bytes()
+        (mp / "README.txt").read_bytes()             # pushed at open: no READ
+        (mp / "train/shard-001.tar").read_bytes()    # larger than a push: READs
         r = run_cli("stats", mp, "--json", env=env)
         assert r.returncode == 0, r.stderr
         s = json.loads(r.stdout)
