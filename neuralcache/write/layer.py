@@ -1,7 +1,8 @@
 """The write layer of a ``--writable`` mount: what the FUSE edge (fs/operations.py)
 calls to create, open, write, read, close and sync files (this module), to change
-names (names.py, mixed in) and the journal records behind them (records.py).  Runs on the trio thread; blocking I/O goes to worker
-threads (``DISK_THREADS``), remote work to the uploader.
+names (names.py, mixed in) and the journal records behind them (records.py).  Runs on
+the trio thread; blocking I/O goes to worker threads (``DISK_THREADS``), remote work
+to the uploader.
 
 Durability (the README's contract):
 * close() (FUSE flush) of a changed file fsyncs its staging file and commits a
@@ -490,12 +491,17 @@ class WriteLayer(NameOps, Records, Barriers):
             lf, inode = h.lf, h.lf.inode
         else:
             return
-        node = self.ns.get(inode)
-        if node is None or node.removed or (lf is not None and lf.unlinked):
-            return
         if lf is not None:
+            if lf.unlinked:
+                return
             await self._commit_file(lf, seal=True)
-        await self.queue.wait(self.queue.ops_on(lf.key if lf else node.key))
+            key = lf.key
+        else:
+            node = self.ns.get(inode)
+            if node is None or node.removed:
+                return
+            key = node.key
+        await self.queue.wait(self.queue.ops_on(key))
 
     async def fsync_key(self, key: str, tree: bool = False) -> None:
         """Until the remote has every operation on ``key`` (a directory: under it)

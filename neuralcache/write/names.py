@@ -129,8 +129,9 @@ class NameOps:
         have not written yet hold it open, copy its data into the journal for them
         (POSIX lets them go on writing and reading the unlinked file; the remote copy
         they would otherwise read is about to be deleted or overwritten).  True if this
-        awaited: the caller looks its names up again.  A copy that fails is logged and
-        the removal goes ahead: those handles then get ENOENT, as they would without it."""
+        awaited: the caller looks its names up again.  It copies the whole file, paid
+        only when such a descriptor exists.  A copy that fails is logged and the removal
+        goes ahead: those handles then get ENOENT, as they would without it."""
         if node.is_dir or node.inode in self.files or not self._lazy.get(node.inode) \
                 or node.version.startswith(LOCAL_VERSION):
             return False
