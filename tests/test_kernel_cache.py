@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from conftest import digest, eventually, needs_fuse, new_bucket, payload, upload_tree
+from conftest import (cli_env, digest, eventually, mounted, needs_fuse, new_bucket,
+                      payload, upload_tree)
 from test_e2e import s3_mount, stats
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
@@ -79,15 +80,18 @@ def test_a_pushed_file_replaced_on_the_remote_reads_one_whole_version(seaweed, s
 
 
 def test_a_small_file_not_in_memory_is_loaded_by_its_open(seaweed, s3, tmp_path):
-    """PUSH_LOADS: a small file the prefetcher has not fetched is loaded by its open and
-    pushed, so its read sends no READ either; one deleted on the remote since it was
-    listed fails at open (ENOENT) and leaves no handle behind."""
+    """NEURALCACHE_PUSH_LOADS=1 (fs/push.py): a small file the prefetcher has not
+    fetched is loaded by its open and pushed, so its read sends no READ either; one
+    deleted on the remote since it was listed fails at open (ENOENT) and leaves no
+    handle behind."""
     bucket = new_bucket(s3)
     # more files than a directory's siblings are loaded at once for (SIBLINGS_MAX_FILES)
     files = {f"big/s{i:03d}.bin": payload(800 + i, 30_000 + 101 * i) for i in range(40)}
     upload_tree(s3, bucket, files)
     names = sorted(files)
-    with s3_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "60") as mp:
+    env = dict(cli_env(seaweed), NEURALCACHE_PUSH_LOADS="1")
+    with mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=tmp_path / "cache",
+                 args=["--endpoint-url", seaweed.endpoint, "--metadata-ttl", "60"]) as mp:
         for n in names:
             (mp / n).stat()                     # listed and looked up, nothing read
         gone = names[-1]

@@ -8,6 +8,7 @@ pages may hold written bytes.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Callable
 
 import pyfuse3
@@ -23,14 +24,15 @@ log = logging.getLogger(__name__)
 # READ the kernel sends here (daemon.py raises the read-ahead window): such a file
 # costs exactly one READ, which the push replaces.  0 turns pushing off.
 PUSH_MAX_BYTES = 1 << 20
-# A small file not yet in memory at its first open (the prefetcher's GET still in
-# flight, only in the disk tier, or not predicted) is loaded by the open itself and
-# then pushed: the READ that would follow at once waits for the same bytes, so the
-# open costs what that READ would have and the READ request goes (bench.breakdown
-# "files cold", 1,000 files, four alternating pairs: 92-120 READs -> 0, 3.12-3.14 ->
-# 3.02 requests per file; "files disk" 32-38 READs -> 0).  False: push only what is
-# already in memory.
-PUSH_LOADS = True
+# NEURALCACHE_PUSH_LOADS=1: a small file not yet in memory at its first open (the
+# prefetcher's GET still in flight, only in the disk tier, or not predicted) is loaded
+# by the open itself and then pushed, so the READ request that followed goes.  Off by
+# default: it removes the READs (bench.breakdown "files cold", 1,000 files, four
+# alternating pairs: 92-120 READs -> 0, 3.12-3.14 -> 3.02 requests per file) but the
+# samples scenario's cold epoch was slower with it in 8 of 9 alternating pairs (e.g.
+# 456/441/449 -> 392/381/398 files/s) and its daemon CPU higher in 5 of 6 (bench/
+# RESULTS.md); why is not known yet.
+PUSH_LOADS = os.environ.get("NEURALCACHE_PUSH_LOADS", "0") == "1"
 
 
 class Pusher:
