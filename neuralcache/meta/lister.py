@@ -380,7 +380,7 @@ class Lister:
                 self._claims(0.0)(d.key):
             return
         if self.writes is not None:
-            self.writes.local_dirs.add(d.key)
+            self.writes.keep_dir(d.key)
             return
         node = self.ns.get(dir_inode)
         if node is not None and not node.removed:

@@ -172,10 +172,9 @@ class Rows:
     def delete(self, ino: int) -> None:
         self.db.execute("DELETE FROM e WHERE ino = ?", (ino,))
 
-    def delete_unheld_children(self, parent: int) -> int:
+    def delete_unheld_children(self, parent: int) -> None:
         """Drop the entries of ``parent`` the kernel does not hold (an evicted listing)."""
-        return self.db.execute("DELETE FROM e WHERE parent = ? AND lookups = 0",
-                               (parent,)).rowcount
+        self.db.execute("DELETE FROM e WHERE parent = ? AND lookups = 0", (parent,))
 
 
 _SETTABLE = {"parent", "name", "dir", "size", "mtime", "version", "checked", "ctime", "seq",

@@ -153,7 +153,7 @@ class BlockStore:
         return self._in_memory(bk) or (self.disk is not None and self.disk.contains(bk))
 
     def resident(self, obj: Pinned) -> bytes | None:
-        """The whole of a one-block object when the memory tier holds it (fs/operations.py
+        """The whole of a one-block object when the memory tier holds it (fs/push.py
         pushes it into the kernel page cache at open; ``served`` then counts it); None
         otherwise.  Never waits, never fetches."""
         if not 0 < obj.size <= self.block_size:

@@ -77,11 +77,16 @@ class NameOps:
         for d in dirs:
             d.mtime = d.ctime = now
 
+    def keep_dir(self, key: str) -> None:
+        """Keep directory ``key`` while this mount runs, even with nothing under it on
+        the remote (a listing leaves it as it is: ``claimed_keys``)."""
+        self.local_dirs.add(key)
+
     def _keep_parent(self, node: Node) -> None:
         """POSIX keeps a directory whose last entry goes; S3 would not: remember it."""
         parent = self.ns.get(node.parent)
         if parent is not None and parent.key and len(self.ns.page(parent.inode, 0, 2)) <= 1:
-            self.local_dirs.add(parent.key)
+            self.keep_dir(parent.key)
 
     # -- unlink, mkdir, rmdir -----------------------------------------------------
     async def unlink(self, parent_inode: int, name: str) -> None:
@@ -152,7 +157,7 @@ class NameOps:
         check_name(name)
         check_key(self.backend, _join(parent.key, name), 2)   # room for "/x" below it
         node = self.ns.make_dirs(_join(parent.key, name))
-        self.local_dirs.add(node.key)
+        self.keep_dir(node.key)
         self._touch(parent)
         return node
 
