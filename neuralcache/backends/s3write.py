@@ -25,6 +25,10 @@ COPY_MAX = 5 << 30
 # UploadPartCopy range per part above COPY_MAX: 1 GiB keeps a 100 GiB checkpoint at 100
 # parts (AWS allows 10,000 parts of at most 5 GB each).
 COPY_PART = 1 << 30
+# Empty directory entries _drop_empty_dir_entry removes at most (SeaweedFS keeps them;
+# see there): a job's own tree of empty directories is far smaller, and past this the
+# completion fails as before and the file stays in the journal.
+MAX_EMPTY_DIRS = 1000
 
 
 def _etag(resp: dict) -> str:
@@ -78,17 +82,31 @@ class S3Writes:
         """SeaweedFS keeps a directory's entry after the last object under it is
         deleted, and then refuses to complete a multipart upload of a file of that name
         (InternalError, "existing entry is a directory"; a single PUT replaces the
-        entry).  If nothing is stored under ``key/``, delete that entry and say so.  On
-        S3 this deletes nothing: an object named ``key/`` would have been listed."""
+        entry).  If no object is stored under ``key/``, delete that entry and the empty
+        directory entries nested in it (deepest first: SeaweedFS deletes no directory
+        with an entry in it), and say so.  On S3 this deletes nothing: an object named
+        ``key/`` would have been listed."""
         full = self.prefix + key + "/"
         r = self._call(f"list {key}/", lambda: self._client.list_objects_v2(
             Bucket=self.bucket, Prefix=full, MaxKeys=1))
         if r.get("KeyCount", 0) or r.get("Contents"):
             return False
-        self._call(f"delete {key}/", lambda: self._client.delete_object(
-            Bucket=self.bucket, Key=full))
-        log.info("%s: removed the store's empty directory entry %s/ that refused the "
-                 "upload's completion", key, key)
+        entries, todo = [full], [full]
+        while todo and len(entries) <= MAX_EMPTY_DIRS:
+            prefix = todo.pop()
+            r = self._call(f"list {prefix}", lambda: self._client.list_objects_v2(
+                Bucket=self.bucket, Prefix=prefix, Delimiter="/"))
+            if any(c["Key"] != prefix for c in r.get("Contents", [])):
+                return False    # an object appeared: leave all of it alone (SeaweedFS
+                                # may list the directory itself as "prefix")
+            subs = [c["Prefix"] for c in r.get("CommonPrefixes", [])]
+            entries += subs
+            todo += subs
+        for entry in sorted(entries, key=lambda e: -e.count("/")):
+            self._call(f"delete {entry}", lambda entry=entry: self._client.delete_object(
+                Bucket=self.bucket, Key=entry))
+        log.info("%s: removed the store's %d empty directory entries under %s/ that "
+                 "refused the upload's completion", key, len(entries), key)
         return True
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
