@@ -156,6 +156,33 @@ def test_prefetch_then_demand_counts_used_bytes(tmp_path):
     assert len(be.calls) == 1
 
 
+def test_a_speculative_small_block_is_stored_by_the_thread_that_fetched_it(tmp_path):
+    """One thread hand-off per prefetched small file: the block is in the disk tier
+    when its load ends, and nothing was queued for the background writers (a demand
+    load still goes through them).  The stored bytes are checked on a fresh store."""
+    data = payload(14, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    queued = []
+    send = store._send.send_nowait
+    store._send.send_nowait = lambda item: (queued.append(item[0].index), send(item))
+
+    async def fn():
+        assert store.prefetch(obj, 1, lim.PREFETCH)
+        await trio.sleep(0.2)
+        assert store.disk.contains(BlockKey(obj.key, obj.version, 1))
+        assert queued == []
+        assert await store.read(obj, 0, 10) == data[:10]      # demand: block 0
+        await trio.sleep(0.2)
+        assert queued == [0]
+    run_with_store(store, fn)
+    be2, store2, obj2 = make(tmp_path, data, delay=0)
+
+    async def fn2():
+        return await store2.read(obj2, 0, len(data))
+    assert run_with_store(store2, fn2) == data
+    assert be2.calls == [] and store2.stats.disk_hits == 2
+
+
 def test_missing_object_error_reaches_reader_only(tmp_path):
     data = payload(13, BS)
     be, store, obj = make(tmp_path, data, delay=0)
