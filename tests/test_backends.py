@@ -456,9 +456,9 @@ def test_s3_uploads_carry_a_checksum_and_no_body_signature(seaweed, s3, monkeypa
 def test_s3_multipart_over_a_directory_the_store_keeps_empty(seaweed, s3, monkeypatch):
     """SeaweedFS keeps "d/" after its last object is deleted and then refuses to
     complete a multipart upload of "d" (fsmodel seed 32 at 200 steps: the file stayed
-    in the journal), also when the entry holds other empty ones (seed 206 at 300).  The
-    backend removes those empty entries and completes; an entry with objects under it,
-    however deep, is never touched."""
+    in the journal), also when the entry holds other empty ones, or is also an object
+    (both seed 206 at 300 calls).  The backend removes those entries and completes; an
+    entry with objects under it, however deep, is never touched."""
     for k, v in seaweed.env().items():
         monkeypatch.setenv(k, v)
     bucket = new_bucket(s3)
@@ -468,9 +468,12 @@ def test_s3_multipart_over_a_directory_the_store_keeps_empty(seaweed, s3, monkey
     for k in ("n/a/b/x", "n/c/y", "n/z"):   # empty directories nested in one (seed 206)
         s3.put_object(Bucket=bucket, Key=k, Body=b"x")
         s3.delete_object(Bucket=bucket, Key=k)
+    s3.put_object(Bucket=bucket, Key="p/x", Body=b"x")     # "p" a directory and an
+    s3.put_object(Bucket=bucket, Key="p", Body=b"old")     # object at once (seed 206)
+    s3.delete_object(Bucket=bucket, Key="p/x")
     s3.put_object(Bucket=bucket, Key="e/sub/kept", Body=b"kept")
     parts = [os.urandom(5 << 20), os.urandom(1000)]
-    for key in ("d", "n", "e"):
+    for key in ("d", "n", "p", "e"):
         uid = b.create_multipart(key)
         tags = [(n, b.upload_part(key, uid, n, 0, p)) for n, p in enumerate(parts, 1)]
         if key == "e":          # a file beside a real directory of the same name

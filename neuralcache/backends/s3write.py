@@ -75,7 +75,21 @@ class S3Writes:
         except Unavailable as exc:
             if "InternalError" not in str(exc) or not self._drop_empty_dir_entry(key):
                 raise
-            r = complete()
+            try:
+                r = complete()
+            except Unavailable as exc2:
+                if "InternalError" not in str(exc2):
+                    raise
+                # SeaweedFS again: ``key`` itself is a directory entry that also holds
+                # an object (a PUT of ``key`` while ``key/`` had objects, all deleted
+                # since).  Deleting ``key`` removes that entry; this upload replaces
+                # its object anyway.  The third refusal in a row reaches the caller,
+                # which keeps the file in the journal.
+                self._call(f"delete {key}", lambda: self._client.delete_object(
+                    Bucket=self.bucket, Key=full))
+                log.info("%s: replaced the store's directory entry of that name that "
+                         "refused the upload's completion", key)
+                r = complete()
         return ObjectInfo(key, size, _etag(r), time.time())
 
     def _drop_empty_dir_entry(self, key: str) -> bool:
