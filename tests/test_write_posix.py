@@ -89,6 +89,38 @@ def test_write_through_a_descriptor_of_a_replaced_or_unlinked_file(seaweed, s3, 
         assert in_bucket(s3, bucket) == {"d": new}
 
 
+# -- fsmodel seed 117 at 300 steps: the same, when another descriptor of the file had
+# written (the journal held it): the one that had not got ENOENT
+@pytest.mark.e2e
+@needs_fuse
+def test_a_descriptor_that_has_not_written_keeps_the_file_another_one_wrote(
+        seaweed, s3, bucket, tmp_path, env):
+    old, new = payload(4, 200_000), payload(5, 30_000)
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        (mp / "d").write_bytes(old)
+        (mp / "r").write_bytes(old)
+        sync(mp, env)                          # both only on the remote now
+        (mp / "b").write_bytes(new)
+        idle = [os.open(mp / n, os.O_RDWR) for n in ("d", "r")]      # not written yet
+        busy = [os.open(mp / n, os.O_WRONLY) for n in ("d", "r")]
+        try:
+            for fd in busy:
+                assert os.pwrite(fd, b"W", 10) == 1
+            os.unlink(mp / "d")
+            os.rename(mp / "b", mp / "r")      # r is b's now
+            for fd in idle:
+                assert os.pwrite(fd, b"A", 20) == 1
+                assert os.pread(fd, 1 << 20, 0) == old[:10] + b"W" + old[11:20] + b"A" \
+                    + old[21:]
+            assert (mp / "r").read_bytes() == new
+            assert not (mp / "d").exists()
+        finally:
+            for fd in idle + busy:
+                os.close(fd)
+        sync(mp, env)
+        assert in_bucket(s3, bucket) == {"r": new}
+
+
 # -- fsmodel seed 30 at 200 steps: fsync of a replaced file waited for the new file's
 # upload, which waits for its own writer to close: the fsync hung
 @pytest.mark.e2e

@@ -136,9 +136,16 @@ class NameOps:
         they would otherwise read is about to be deleted or overwritten).  True if this
         awaited: the caller looks its names up again.  It copies the whole file, paid
         only when such a descriptor exists.  A copy that fails is logged and the removal
-        goes ahead: those handles then get ENOENT, as they would without it."""
-        if node.is_dir or node.inode in self.files or not self._lazy.get(node.inode) \
-                or node.version.startswith(LOCAL_VERSION):
+        goes ahead: those handles then get ENOENT, as they would without it.  When
+        another descriptor already wrote (the journal holds the file), they join its
+        copy now, while it is still reachable by inode."""
+        if node.is_dir or not self._lazy.get(node.inode):
+            return False
+        if (lf := self.files.get(node.inode)) is not None:
+            for h in list(self._lazy.get(node.inode, ())):
+                self._attach(h, lf)
+            return False
+        if node.version.startswith(LOCAL_VERSION):
             return False
         try:
             lf = await self._new_local(node.key, node, node.size)
