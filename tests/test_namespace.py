@@ -272,6 +272,33 @@ def test_a_move_beside_an_entry_with_the_old_name():
         ns.close()
 
 
+def test_resolve_remembers_directories_and_forgets_them_when_they_move_or_go():
+    """A predicted path in a directory resolved before costs one table query; a move,
+    a removal or an eviction of a directory never leaves a stale answer."""
+    ns = Namespace()
+    try:
+        x = ns.put_file("a/b/x", 1, "v1", 1.0).inode
+        y = ns.put_file("a/b/y", 2, "v2", 1.0).inode
+        queries = []
+        child = ns.rows.child
+        ns.rows.child = lambda *a: (queries.append(a), child(*a))[1]
+        assert ns.resolve("a/b/x")[0].inode == x and len(queries) == 3
+        assert ns.resolve("a/b/y")[0].inode == y and len(queries) == 4
+        assert ns.resolve("a/b/z") == (None, None) and len(queries) == 5
+        ns.move(ns.by_path("a/b"), ns.by_path("a"), "c")          # a/b -> a/c
+        assert ns.resolve("a/b/x") == (None, None)
+        assert ns.resolve("a/c/x")[0].inode == x
+        ns.put_file("a/b/x", 3, "v3", 1.0)                         # a new a/b
+        assert ns.resolve("a/b/x")[0].size == 3 and ns.resolve("a/c/x")[0].inode == x
+        ns.remove(ns.by_path("a/c"))
+        assert ns.resolve("a/c/x") == (None, None)
+        assert ns.resolve("a/b/x")[0].size == 3
+        ns.evict_listing(ns.by_path("a").inode)                    # a/b's row goes
+        assert ns.resolve("a/b/x")[0] is None
+    finally:
+        ns.close()
+
+
 @pytest.mark.parametrize("bad", ["", "/abs", "a//b", "../x", "a/../b", "a/./b", "x\x00y",
                                  "a/" + "n" * 256])
 def test_valid_key_rejects_escapes(bad):

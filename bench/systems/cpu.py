@@ -55,6 +55,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid: int) -> dict[str, float]:
+    """The process's CPU seconds so far by thread group: its threads' names (``comm``)
+    with digits dropped, so "Trio thread 12" and "Trio thread 3" add up, and tokio's
+    runtime workers (obstore) are one group.  A thread that exited is not counted."""
+    out: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = "".join(c for c in f.read().strip() if not c.isdigit()).strip()
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = "main" if tid == str(pid) else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    return out
+
+
 def minor_faults(pid: int) -> int:
     """The process's minor page faults so far (each first touch of a fresh page)."""
     with open(f"/proc/{pid}/stat") as f:

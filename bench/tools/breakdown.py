@@ -21,9 +21,11 @@ The daemon runs with ``NEURALCACHE_CPU_ACCOUNTING=1`` (neuralcache/cpuacct.py): 
 CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also shown
 alone), read-ahead/prefetch decisions, the rest of the trio thread (FUSE handlers, the
 block store and memory tier, pyfuse3's request loop, trio) and the rest of the worker
-threads (hand-offs).  Also reported: FUSE requests per file by operation (less the
-requests of reading the stats file itself, measured in the same run), the kernel's
-read request sizes, and the WAN emulator's own CPU (it must not be the bottleneck).
+threads (hand-offs); and, from /proc, by thread (the trio thread, trio's worker threads,
+obstore's tokio runtime; a thread that exited during a workload is missing).  Also
+reported: FUSE requests per file by operation (less the requests of reading the stats
+file itself, measured in the same run), the kernel's read request sizes, and the WAN
+emulator's own CPU (it must not be the bottleneck).
 Writes breakdown.json.
 """
 from __future__ import annotations
@@ -45,7 +47,7 @@ import xxhash
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.cpu import cpu_seconds, minor_faults
+from bench.systems.cpu import cpu_seconds, minor_faults, thread_cpu
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache
 from bench.systems.reads import read_hashed
@@ -79,6 +81,7 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
     s0 = stats(mnt)
     p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
     f0 = minor_faults(s0["pid"])
+    th0 = thread_cpu(s0["pid"])
     t0 = time.perf_counter()
     nbytes, nfiles, wrong = work()
     secs = time.perf_counter() - t0
@@ -94,6 +97,8 @@ def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
             "prefetch": {k: s1.get(k, 0) - s0.get(k, 0) for k in PREFETCH_STATS},
             "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0,
+            "threads": {k: round(v - th0.get(k, 0.0), 3)
+                        for k, v in thread_cpu(s1["pid"]).items() if v - th0.get(k, 0.0) > 0},
             "minor_faults": minor_faults(s1["pid"]) - f0}
 
 
@@ -140,6 +145,11 @@ def report(rows: dict) -> str:
         reqs = ", ".join(f"{op} {r['fuse_requests'].get(op, 0) / n:.1f}" for op in OPS)
         sizes = ", ".join(f"{k}: {v}" for k, v in r["fuse_read_sizes"].items() if v)
         lines.append(f"{name}: FUSE requests per file: {reqs}; read sizes: {sizes}")
+        big = r["files"] <= 1
+        per, unit = (r["bytes"] / GIB, "s/GiB") if big else (n / 1000.0, "ms/f")
+        threads = ", ".join(f"{k} {v / per:.3f}" for k, v in sorted(
+            r.get("threads", {}).items(), key=lambda kv: -kv[1]))
+        lines.append(f"{name}: CPU by thread ({unit}): {threads}")
     return "\n".join(lines)
 
 
