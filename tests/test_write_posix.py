@@ -261,6 +261,33 @@ def test_link_counts_and_directory_times(seaweed, s3, bucket, tmp_path, env):
         assert st.st_mtime_ns == 10**9 and st.st_ctime_ns > 10**18
 
 
+# -- fsmodel seed 226 at 300 steps: a file renamed after its upload ended (a descriptor
+# still open for writing), then closed, was dropped from the journal as "uploaded" under
+# its old name: reads of the new name got ESTALE until the remote's rename ended
+@pytest.mark.e2e
+@needs_fuse
+def test_a_file_renamed_after_its_upload_reads_back_while_the_remote_renames_it(
+        seaweed, s3, bucket, tmp_path, env):
+    data = payload(6, 70_000)
+    with RefusingProxy(seaweed.endpoint, seaweed.access_key, seaweed.secret_key) as proxy:
+        with wmount(seaweed, bucket, tmp_path, endpoint=proxy.endpoint) as mp:
+            proxy.refuse = True                  # the upload waits until the open below
+            (mp / "a").write_bytes(data)
+            fd = os.open(mp / "a", os.O_RDWR)    # a writer, not writing
+            try:
+                proxy.refuse = False
+                sync(mp, env)                    # uploaded while fd is open
+                proxy.refuse = True              # the remote's rename (a copy) waits
+                os.rename(mp / "a", mp / "b")
+            finally:
+                os.close(fd)
+            assert (mp / "b").read_bytes() == data
+            proxy.refuse = False
+            sync(mp, env)
+            assert in_bucket(s3, bucket) == {"b": data}
+            assert (mp / "b").read_bytes() == data
+
+
 # -- the journal belongs to the bucket, not to the endpoint ---------------------------------
 @pytest.mark.e2e
 @needs_fuse

@@ -543,10 +543,17 @@ class WriteLayer(NameOps, Records, Barriers):
             self._uploaded(lf, lf.uploaded)
 
     def _uploaded(self, lf: LocalFile, info: ObjectInfo) -> None:
-        """The remote has exactly this file: serve it from the read cache from now on."""
-        self._forget_local(lf)
+        """The remote has exactly this file: serve it from the read cache from now on.
+        Not if it was renamed since that upload (``info`` names its old key): the
+        journal copy serves it until the rename's copy on the remote ends (``_moved``
+        then calls this again); a read pinned to the old upload would get ESTALE
+        (fsmodel seed 226 at 300 calls)."""
         node = self.ns.get(lf.inode)
-        if node is not None and not node.removed and node.key == info.key:
+        if node is not None and not node.removed and node.key != info.key:
+            lf.uploaded = None
+            return
+        self._forget_local(lf)
+        if node is not None and not node.removed:
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime
             node.checked = time.monotonic()
