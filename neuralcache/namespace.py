@@ -18,7 +18,8 @@ resolvable by inode until the kernel forgets it.
 
 Directories come from key prefixes.  A key that is both an object and a prefix of
 other keys (S3 allows "a" and "a/b") shows as a directory; the object is hidden and
-logged.  No I/O but the table's, no trio.
+logged.  A prefix with no object under it (a store's leftover directory entry) does not
+count: the lister drops it first (meta/lister.py ``objects_win``).  No I/O but the table's, no trio.
 """
 from __future__ import annotations
 

@@ -415,6 +415,16 @@ class S3Backend(S3Writes, S3List):
                               Bucket=self.bucket, Prefix=f"{self.prefix}{key}/", MaxKeys=1))
         return None, bool(resp.get("KeyCount") or resp.get("Contents"))
 
+    def has_objects_under(self, key: str) -> bool:
+        """Whether any object's key starts with ``key/``.  The lister asks when a
+        listing shows ``key`` both as an object and as a prefix: SeaweedFS keeps a
+        directory's entry after its last object is deleted, and a file written there
+        since is the only thing under that name (S3 lists no empty prefix)."""
+        resp = self._call(f"list s3://{self.bucket}/{self.prefix}{key}/",
+                          lambda: self._client.list_objects_v2(
+                              Bucket=self.bucket, Prefix=f"{self.prefix}{key}/", MaxKeys=1))
+        return bool(resp.get("KeyCount") or resp.get("Contents"))
+
     def warm_connections(self, n: int) -> None:
         """Open ~n pooled connections now (n cheap requests at once), so the first reads
         of a job do not each pay a TCP handshake round trip on top of the GET."""

@@ -69,6 +69,21 @@ def _feed(h, page: tuple[list[ObjectInfo], list[str]]) -> None:
     h.update(text.encode("utf-8", "surrogateescape"))
 
 
+def objects_win(backend, key: str, page: tuple[list[ObjectInfo], list[str]]
+                ) -> tuple[list[ObjectInfo], list[str]]:
+    """``page`` of directory ``key``, less the subdirectories that are also an object of
+    the page and hold no object (a store's leftover directory entry: the file is what
+    is there).  A name that is both, with objects under it, stays a directory
+    (namespace.add_listing).  Blocking (one LIST per such name): a listing thread's."""
+    files, dirs = page
+    check = getattr(backend, "has_objects_under", None)
+    if check is None or not files or not dirs:
+        return page
+    names = {o.key.rpartition("/")[2] for o in files}
+    empty = {n for n in dirs if n in names and not check(f"{key}/{n}" if key else n)}
+    return (files, [n for n in dirs if n not in empty]) if empty else page
+
+
 def fingerprint(pages) -> str:
     """What a listing shows, in 128 bits: a refresh that sees the same skips the diff
     (no work on the trio thread for a directory that did not change)."""
@@ -252,7 +267,8 @@ class Lister:
                 _feed(fp, page)
                 if nxt is None:
                     d.fingerprint = fp.hexdigest()
-                trio.from_thread.run_sync(apply, page, nxt is None)
+                trio.from_thread.run_sync(apply, objects_win(self.backend, key, page),
+                                          nxt is None)
                 page = nxt
 
         try:
@@ -289,7 +305,7 @@ class Lister:
             if fp == d.fingerprint:
                 return None, fp               # the remote shows what it showed before
             now: dict[str, ObjectInfo | None] = {}
-            for files, dirs in pages:
+            for files, dirs in (objects_win(self.backend, key, p) for p in pages):
                 for o in files:
                     now.setdefault(o.key.rpartition("/")[2], o)
                 for name in dirs:
