@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass
 
@@ -66,8 +67,9 @@ DISK_THREADS = 8
 # per cold small file instead of two (~65 us of CPU each here, measured with a bare
 # trio.to_thread.run_sync loop).  1 MiB: a disk write of it (~0.1-0.5 ms) is small
 # beside the GET it follows, and no demand reader waits for it (a reader that joins
-# the load meanwhile waits that much longer).  0: every block goes through the
-# writers.
+# the load meanwhile waits that much longer).  At most DISK_THREADS such writes run at
+# once; a block that finds them all busy goes through the writers.  0: every block
+# goes through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
 # Speculatively fetched blocks remembered, to count whether they were used.
 SPECULATIVE_MEMORY = 1 << 16
@@ -110,6 +112,7 @@ class BlockStore:
         self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1))
         self._backend_threads = trio.CapacityLimiter(concurrency)
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
+        self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
         self._flights: dict[BlockKey, _Flight] = {}
         # BlockKey -> (kind, bytes) of speculative blocks not yet read by anyone
         self._speculative = lru.LRU(SPECULATIVE_MEMORY, callback=self._spec_dropped)
@@ -407,11 +410,15 @@ class BlockStore:
 
             def read_and_store():
                 data = read()
-                if inline and len(data) == length:
+                # at most DISK_THREADS at once, never waiting: past that (a slow
+                # disk), the block goes to the background writers and their bound
+                if inline and len(data) == length and self._inline_writes.acquire(False):
                     try:
                         flight.stored = self.disk.put(bk, data)
                     except Exception:  # a cache failure is never a reader's failure
                         log.exception("disk cache write failed")
+                    finally:
+                        self._inline_writes.release()
                 return data
             return await trio.to_thread.run_sync(read_and_store,
                                                  limiter=self._backend_threads,
