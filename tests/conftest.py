@@ -153,6 +153,8 @@ def mounted(source: str, mountpoint, *, env=None, cache_dir=None, args=()):
     finally:
         if is_mounted(mountpoint):
             r = run_cli("umount", mountpoint, env=env)
+            if r.returncode != 0:       # e.g. a failed test left uploads pending
+                r = run_cli("umount", mountpoint, "--force", env=env)
             if r.returncode != 0:
                 subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)])
         deadline = time.monotonic() + 10
