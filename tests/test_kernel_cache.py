@@ -80,7 +80,7 @@ def test_a_pushed_file_replaced_on_the_remote_reads_one_whole_version(seaweed, s
 
 
 def test_a_small_file_not_in_memory_is_loaded_by_its_open(seaweed, s3, tmp_path):
-    """NEURALCACHE_PUSH_LOADS=1 (fs/push.py): a small file the prefetcher has not
+    """Loading at open (fs/push.py PUSH_LOADS, on by default): a small file the prefetcher has not
     fetched is loaded by its open and pushed, so its read sends no READ either; one
     deleted on the remote since it was listed fails at open (ENOENT) and leaves no
     handle behind."""

@@ -24,15 +24,17 @@ log = logging.getLogger(__name__)
 # READ the kernel sends here (daemon.py raises the read-ahead window): such a file
 # costs exactly one READ, which the push replaces.  0 turns pushing off.
 PUSH_MAX_BYTES = 1 << 20
-# NEURALCACHE_PUSH_LOADS=1: a small file not yet in memory at its first open (the
-# prefetcher's GET still in flight, only in the disk tier, or not predicted) is loaded
-# by the open itself and then pushed, so the READ request that followed goes.  Off by
-# default: it removes the READs (bench.breakdown "files cold", 1,000 files, four
-# alternating pairs: 92-120 READs -> 0, 3.12-3.14 -> 3.02 requests per file) but the
-# samples scenario's cold epoch was slower with it in 8 of 9 alternating pairs (e.g.
-# 456/441/449 -> 392/381/398 files/s) and its daemon CPU higher in 5 of 6 (bench/
-# RESULTS.md); why is not known yet.
-PUSH_LOADS = os.environ.get("NEURALCACHE_PUSH_LOADS", "0") == "1"
+# A small file not yet in memory at its first open (the prefetcher's GET still in
+# flight, only in the disk tier, or not predicted) is loaded by the open itself and
+# then pushed, so the READ request that followed goes (bench.breakdown "files cold":
+# 3.13 -> 3.01 requests per file).  Off a stop ago: the samples scenario's cold epoch
+# was slower with it in 8 of 9 alternating pairs.  On since: with the inline disk
+# writes of store/blocks.py, five alternating pairs of `bench run --scenario samples
+# --systems local,neuralcache` measured 544/531/528/533/525 (off) against
+# 539/537/547/533/524 files/s (on), the same CPU, and three bench.breakdown pairs the
+# same daemon CPU per cold file (bench/RESULTS.md).  NEURALCACHE_PUSH_LOADS=0 turns it
+# off.
+PUSH_LOADS = os.environ.get("NEURALCACHE_PUSH_LOADS", "1") == "1"
 
 
 class Pusher:
