@@ -38,6 +38,12 @@
         the blocks, so every put evicts one) with blocks packed into segment files
         (whatever their size) against a file per block, rounds alternating, on D's
         filesystem.
+    python -m bench.micro writeback [--gib 1] [--rounds 2] [--dir D]
+        A checkpoint's staging file written in 1 MiB pwrites, then fsynced (what a
+        --writable mount's close() does), without and with the journal's early
+        writeback (neuralcache/write/files.py start_writeback every WRITEBACK_STEP),
+        rounds alternating, on D's filesystem: seconds of writes, of the fsync, and
+        the process's CPU.
 """
 from __future__ import annotations
 
@@ -466,6 +472,37 @@ def disk_put(n: int, size: int, rounds: int, where: str | None) -> None:
                   f"CPU {1e3 * (t2 - t1) / g:6.3f} ms wall   ({hits}/{g} hits)")
 
 
+def writeback(gib: float, rounds: int, where: str | None) -> None:
+    from neuralcache.write.files import WRITEBACK_STEP, pwrite_all
+
+    chunk = MB
+    size = int(gib * 1024) * MB
+    buf = os.urandom(chunk)
+    print(f"{size // MB} MiB in 1 MiB pwrites, then fsync; early writeback every "
+          f"{WRITEBACK_STEP // MB} MiB or none")
+    for r in range(rounds):
+        for label, step in (("none", 0), ("early writeback", WRITEBACK_STEP)):
+            os.sync()
+            time.sleep(1)
+            fd, path = tempfile.mkstemp(prefix="nc-micro-", dir=where)
+            try:
+                c0, t0 = _cpu(), time.monotonic()
+                unkicked = 0
+                for off in range(0, size, chunk):
+                    kick = step > 0 and unkicked + chunk >= step
+                    pwrite_all(fd, buf, off, kick)
+                    unkicked = 0 if kick else unkicked + chunk
+                t1 = time.monotonic()
+                os.fsync(fd)
+                t2 = time.monotonic()
+                cpu = _cpu() - c0
+            finally:
+                os.close(fd)
+                os.unlink(path)
+            print(f"round {r + 1}  {label:16} writes {t1 - t0:5.2f} s  fsync {t2 - t1:5.2f} s"
+                  f"  total {t2 - t0:5.2f} s  CPU {cpu:5.2f} s")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.micro")
     sub = ap.add_subparsers(dest="what", required=True)
@@ -491,8 +528,14 @@ def main(argv=None) -> int:
     dp.add_argument("--size", type=int, default=100_000)
     dp.add_argument("--rounds", type=int, default=2)
     dp.add_argument("--dir", default=None, help="where the caches go (default: TMPDIR)")
+    wb = sub.add_parser("writeback")
+    wb.add_argument("--gib", type=float, default=1.0)
+    wb.add_argument("--rounds", type=int, default=2)
+    wb.add_argument("--dir", default=None, help="where the file goes (default: TMPDIR)")
     a = ap.parse_args(argv)
-    if a.what == "disk-put":
+    if a.what == "writeback":
+        writeback(a.gib, a.rounds, a.dir)
+    elif a.what == "disk-put":
         disk_put(a.n, a.size, a.rounds, a.dir)
     elif a.what == "fresh-memory":
         fresh_memory(a.gib, a.rounds)

@@ -14,6 +14,8 @@ takes its gate in the same step is first.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,6 +28,14 @@ from .journal import journal_error
 # Prefix of the version of a file whose data is in the journal: no remote version
 # looks like this, so the read cache never keys blocks by it.
 LOCAL_VERSION = "local:"
+# Early writeback: after this many bytes written to a staging file since the last
+# kick, the write that crossed it asks the kernel to start writing the file's dirty
+# pages to disk (``start_writeback``), so the fsync of close() finds little left to do
+# instead of the whole file.  `python -m bench.micro writeback` (1 GiB in 1 MiB
+# pwrites, then fsync; alternating rounds): the fsync ~0.45 s -> ~0.01 s and the whole
+# ~1.4-3.9 s -> ~0.6-1.4 s here.  8 MiB: the uploader's part size (one kick per part),
+# a few ms of a local disk's bandwidth.  0 turns it off.
+WRITEBACK_STEP = 8 << 20
 
 
 class Gate:
@@ -102,6 +112,7 @@ class LocalFile:
     uploaded: object = None         # ObjectInfo of the upload of the current staging
     fresh: bool = False             # created empty and never copied: may stream
     stream: object = None           # stream.Stream sending parts while it is written
+    unkicked: int = 0               # bytes written since the last start_writeback
     gate: Gate = field(default_factory=Gate)
 
     @property
@@ -141,7 +152,9 @@ class SyncHandle:
 
 
 # -- blocking helpers (worker threads) -------------------------------------------------
-def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def pwrite_all(fd: int, data: bytes, offset: int, writeback: bool = False) -> None:
+    """Write all of ``data`` at ``offset``; then, with ``writeback``, start the
+    writeback of the file's dirty pages (``start_writeback``)."""
     view = memoryview(data)
     try:
         while view:
@@ -149,6 +162,33 @@ def pwrite_all(fd: int, data: bytes, offset: int) -> None:
             view, offset = view[n:], offset + n
     except OSError as exc:
         raise journal_error(exc, "writing to the journal") from None
+    if writeback:
+        start_writeback(fd)
+
+
+def _sync_file_range():
+    try:
+        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
+                        use_errno=True).sync_file_range
+    except (OSError, AttributeError):       # not glibc/Linux: no early writeback
+        return None
+    f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+    f.restype = ctypes.c_int
+    return f
+
+
+_SYNC_FILE_RANGE = _sync_file_range()
+SYNC_FILE_RANGE_WRITE = 2       # <fcntl.h>: start writeback of dirty pages, wait for none
+
+
+def start_writeback(fd: int) -> bool:
+    """Ask the kernel to start writing ``fd``'s dirty pages to disk (Linux
+    sync_file_range(SYNC_FILE_RANGE_WRITE) over the whole file: it waits for no I/O,
+    only for room in a full device queue; ctypes releases the GIL).  A hint, so it
+    never fails: an error here is the fsync's to report.  True if it was asked."""
+    if _SYNC_FILE_RANGE is None:
+        return False
+    return _SYNC_FILE_RANGE(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
 
 
 def pread(fd: int, size: int, offset: int) -> bytes:

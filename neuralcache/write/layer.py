@@ -26,8 +26,8 @@ from ..backends.base import ObjectInfo
 from ..errors import JournalError, NotFound, NotSupported
 from ..namespace import Namespace, Node
 from ..store.blocks import Pinned
-from .files import (LOCAL_VERSION, LocalFile, ReadHandle, SyncHandle, WriteHandle,
-                    copy_prefix, fsync, pread, pwrite_all, truncate)
+from .files import (LOCAL_VERSION, WRITEBACK_STEP, LocalFile, ReadHandle, SyncHandle,
+                    WriteHandle, copy_prefix, fsync, pread, pwrite_all, truncate)
 from .journal import JOURNAL_DIR, Committer, Journal
 from .limits import check_key, check_name, check_size
 from .stream import START_PARTS
@@ -252,7 +252,9 @@ class WriteLayer(NameOps, Records, Barriers):
             data = await self.store.read(p, off, min(bs, length - off))
             if not data:
                 raise NotFound(f"{node.key}: shorter on the remote than listed")
-            await trio.to_thread.run_sync(pwrite_all, fd, data, off, limiter=self._disk)
+            # a block each (8 MiB by default): start its writeback (files.py)
+            await trio.to_thread.run_sync(pwrite_all, fd, data, off, WRITEBACK_STEP > 0,
+                                          limiter=self._disk)
             off += len(data)
 
     # -- data ------------------------------------------------------------------------
@@ -310,14 +312,16 @@ class WriteLayer(NameOps, Records, Barriers):
                     off = lf.size
                 old, end = lf.size, off + len(buf)
                 lf.size = max(lf.size, end)     # reserved now: appenders do not overlap
+                kick = WRITEBACK_STEP > 0 and lf.unkicked + len(buf) >= WRITEBACK_STEP
                 try:
-                    await trio.to_thread.run_sync(pwrite_all, lf.fd, buf, off,
+                    await trio.to_thread.run_sync(pwrite_all, lf.fd, buf, off, kick,
                                                   limiter=self._disk)
                 except JournalError:
                     if lf.size == end and old < end:
                         lf.size = old
                         await trio.to_thread.run_sync(truncate, lf.fd, old)
                     raise
+                lf.unkicked = 0 if kick else lf.unkicked + len(buf)
                 lf.dirty = True
                 lf.mtime = time.time()
                 self.written_bytes += len(buf)
