@@ -185,7 +185,9 @@ def start_writeback(fd: int) -> bool:
     """Ask the kernel to start writing ``fd``'s dirty pages to disk (Linux
     sync_file_range(SYNC_FILE_RANGE_WRITE) over the whole file: it waits for no I/O,
     only for room in a full device queue; ctypes releases the GIL).  A hint, so it
-    never fails: an error here is the fsync's to report.  True if it was asked."""
+    never fails: without a WAIT flag it does not consume the file's writeback error
+    (errseq), so a failed writeback is still reported by close()'s fsync.  True if
+    the kernel took it."""
     if _SYNC_FILE_RANGE is None:
         return False
     return _SYNC_FILE_RANGE(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
