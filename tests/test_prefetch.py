@@ -69,6 +69,11 @@ def run(store, fn):
             await n.start(store.run)
             fn()
             await trio.sleep(0.2)
+            # and until every load started has ended (a loaded machine: 0.2 s was not
+            # always enough for 168 loads through 16 threads)
+            with trio.move_on_after(10):
+                while store._flights:
+                    await trio.sleep(0.01)
             n.cancel_scope.cancel()
     trio.run(main)
 

@@ -31,10 +31,12 @@ LOCAL_VERSION = "local:"
 # Early writeback: after this many bytes written to a staging file since the last
 # kick, the write that crossed it asks the kernel to start writing the file's dirty
 # pages to disk (``start_writeback``), so the fsync of close() finds little left to do
-# instead of the whole file.  `python -m bench.micro writeback` (1 GiB in 1 MiB
-# pwrites, then fsync; alternating rounds): the fsync ~0.45 s -> ~0.01 s and the whole
-# ~1.4-3.9 s -> ~0.6-1.4 s here.  8 MiB: the uploader's part size (one kick per part),
-# a few ms of a local disk's bandwidth.  0 turns it off.
+# instead of the whole file.  `python -m bench run --scenario checkpoint --systems
+# local,neuralcache`, seven alternating pairs: close() of a 1 GiB torch.save 3.28 ->
+# 2.89 s (medians), lower in 6 of 7 (bench/RESULTS.md); `python -m bench.micro
+# writeback`: the fsync after 1 GiB of 1 MiB pwrites 0.42-0.45 -> 0.00-0.07 s.  8 MiB:
+# the uploader's part size (one kick per part), a few ms of a local disk's bandwidth.
+# 0 turns it off.
 WRITEBACK_STEP = 8 << 20
 
 
