@@ -48,11 +48,22 @@ def proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+def _stat(path: str) -> list[str]:
+    """The fields of a /proc stat file after "(comm)": state ppid ... minflt(7) ...
+    utime(11) stime(12)."""
+    with open(path) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
     """The process's own CPU seconds so far (utime + stime; not its reaped children)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = _stat(f"/proc/{pid}/stat")
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+# Thread groups of the neuralcache daemon, named for a reader: its trio loop runs in
+# the main thread; trio's worker threads are named "Trio thread N".
+THREAD_LABELS = {"main": "trio loop (main)", "Trio thread": "trio workers"}
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -64,19 +75,17 @@ def thread_cpu(pid: int) -> dict[str, float]:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = "".join(c for c in f.read().strip() if not c.isdigit()).strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            fields = _stat(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue
-        name = "main" if tid == str(pid) else name
+        name = THREAD_LABELS.get("main" if tid == str(pid) else name, name)
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
     return out
 
 
 def minor_faults(pid: int) -> int:
     """The process's minor page faults so far (each first touch of a fresh page)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[7])
+    return int(_stat(f"/proc/{pid}/stat")[7])
 
 
 def descendants(table: dict[int, tuple[int, float]], roots: Iterable[int],
