@@ -22,7 +22,7 @@ def _result(**over):
                        "in_region_nodes": [50.0] * 4, "wan_alone": 25.0},
          "epochs": {"without": [_epoch(1, 1.0, 20.0), _epoch(2, 1.0, 20.0),
                                 _epoch(3, 1.0, 20.0)],
-                    "with": [_epoch(1, 1.05, 10.0, shared_hits=5),
+                    "with": [_epoch(1, 1.05, 19.0, shared_hits=5),
                              _epoch(2, 0.0, 46.0, shared_hits=64),
                              _epoch(3, 0.0, 48.0, shared_hits=64)],
                     "rclone": [_epoch(e, 1.0, 15.0) for e in (1, 2, 3)]},
@@ -50,7 +50,7 @@ def _result(**over):
 
 def test_targets_met_and_missed():
     t = {x["measure"]: x for x in mn.targets(_result())}
-    assert len(t) == 7
+    assert len(t) == 8
     assert all(x["met"] for x in t.values())
     r = _result()
     r["epochs"]["with"][0]["wan_x"] = 1.2                 # 1.2x over 3 epochs > 1.1x
@@ -58,12 +58,14 @@ def test_targets_met_and_missed():
     r["faults"]["volume_killed"]["failed"] = 1
     r["faults"]["recovered_after_s"] = None
     r["checkpoint"]["with"]["max_s"] = 1.4                 # 1.4x one node alone
+    r["epochs"]["with"][0]["min_mbps"] = 17.0              # 17/20 = 0.85 < 0.9
     missed = {x["measure"] for x in mn.targets(r) if not x["met"]}
     assert missed == {"WAN bytes over 3 epochs, 4 nodes, --shared-cache",
                       "per-node MB/s, epochs 2-3 (slowest node, worst epoch)",
                       "volume server killed mid-epoch",
                       "tier back: used again by itself",
-                      "4 nodes load one checkpoint: each node's load time"}
+                      "4 nodes load one checkpoint: each node's load time",
+                      "epoch 1, slowest node with the tier / without (issue 20)"}
 
 
 def test_tier_down_compares_with_the_nodes_without_the_tier():
@@ -84,6 +86,19 @@ def test_table_shows_every_part():
     assert "used the tier again 4.2 s later, by itself" in text
     assert "breaker opened on 3 of 4 nodes 1.0-2.5 s after the kill" in text
     assert text.count("yes") >= 7 and "NO" not in text.split("target (issue 13)")[1]
+
+
+def test_epochs_only_shows_the_epochs_and_the_tiers_counters():
+    r = _result(faults={}, checkpoint={}, errors={})
+    r["params"]["others"] = []
+    r["epochs"] = {k: v for k, v in r["epochs"].items() if k in ("with", "without")}
+    r["epochs"]["with"][0].update(shared_leases=40, shared_lease_waits=3)
+    text = mn.table(r)
+    assert "epoch 1: hits 5, leases 40, lease_waits 3" in text
+    assert "epoch 1, slowest node with the tier / without (issue 20): 0.95 (19.0 / 20.0" in text
+    assert "checkpoint" not in text.split("dataset:")[1].split("\n", 1)[1]
+    assert len(mn.targets(r)) == 3
+    assert mn.rows(r)
 
 
 def test_rows_feed_the_runner_table():

@@ -27,6 +27,7 @@ import xxhash
 
 from bench.servers.cluster import SeaweedCluster
 from bench.servers.seaweed import SeaweedServer
+from bench.systems.cpu import cpu_seconds, thread_cpu
 from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount
 from bench.systems.ncmount import mounted, stats
 from bench.systems.registry import make_system
@@ -48,7 +49,8 @@ DELTAS = ("shared_hits", "shared_misses", "shared_leases", "shared_lease_waits",
           "shared_lease_wait_s", "shared_lease_timeouts", "shared_lease_dropped",
           "shared_errors", "shared_timeouts", "shared_breaker_trips", "shared_skipped",
           "shared_writes", "shared_writes_skipped", "shared_write_errors",
-          "shared_corrupt_blocks", "bytes_fetched", "read_errors")
+          "shared_corrupt_blocks", "bytes_fetched", "read_errors", "shared_cold_lookups",
+          "shared_queue_hits", "shared_lease_prefetch_owner", "shared_lease_wait_hits")
 ORIGIN_BUCKET = "multinode"
 SHARED_BUCKET = "multinode-shared"
 LINK_BUCKET = "multinode-link"          # the dataset as plain objects on the cluster
@@ -86,6 +88,9 @@ class Params:
     seed: int = 0
     rtt_ms: float = 60.0
     others: tuple = ("rclone", "s3fs")      # comparison systems, each node alone
+    # "all", or "epochs": only the epochs without and with the tier (no faults, no
+    # checkpoint; for before/after pairs of the tier's read path)
+    parts: str = "all"
 
 
 @dataclasses.dataclass
@@ -256,6 +261,8 @@ class Bench:
 
         w0 = self.wan_down()
         s0 = [f() if f else {} for _, f in nodes]
+        daemons = [x["pid"] for x in s0 if x.get("pid")]
+        c0 = self._cpu(daemons)
         t0 = time.monotonic()
         with guard([root for root, _ in nodes], f"epoch {epoch}", self.s.log):
             _each_at_once(node, n)
@@ -263,6 +270,7 @@ class Bench:
         if fault.get("thread"):
             fault["thread"].join()
         s1 = [f() if f else {} for _, f in nodes]
+        c1 = self._cpu(daemons)
         mbps = [x["bytes"] / x["seconds"] / 1e6 for x in res]
         out = {"epoch": epoch + 1, "wan_bytes": self.wan_down() - w0, "wall_s": wall,
                "bytes": sum(x["bytes"] for x in res), "reads": sum(map(len, orders)),
@@ -272,6 +280,12 @@ class Bench:
                "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps,
                "node_bytes": [x["bytes"] for x in res], "node_s": [x["seconds"] for x in res]}
         out["wan_x"] = out["wan_bytes"] / self.total
+        # CPU seconds of the epoch: the NeuralCache daemons, the shared tier's cluster
+        # (every process; it shares the machine's cores with the nodes here)
+        out["daemon_cpu_s"] = round(c1[0] - c0[0], 2)
+        out["tier_cpu_s"] = round(c1[1] - c0[1], 2)
+        out["daemon_cpu_by_thread"] = {k: round(v - c0[2].get(k, 0.0), 2)
+                                       for k, v in c1[2].items() if v - c0[2].get(k, 0.0) >= 0.01}
         if any(s1):
             out.update({k: round(sum(b.get(k, 0) - a.get(k, 0) for a, b in zip(s0, s1)), 3)
                         for k in DELTAS})
@@ -282,6 +296,24 @@ class Bench:
             if "error" in fault:
                 out["fault_error"] = fault["error"]
         return out
+
+    def _cpu(self, daemons: list[int]) -> tuple[float, float, dict]:
+        """CPU seconds so far of the daemons, of the cluster's live processes, and of
+        the daemons by thread group (summed over the daemons)."""
+        def one(pid):
+            try:
+                return cpu_seconds(pid)
+            except OSError:          # gone (a fault killed it)
+                return 0.0
+        groups: dict[str, float] = {}
+        for pid in daemons:
+            try:
+                for k, v in thread_cpu(pid).items():
+                    groups[k] = groups.get(k, 0.0) + v
+            except OSError:
+                pass
+        tier = [p.pid for p in self.cluster.procs.values()]
+        return sum(map(one, daemons)), sum(map(one, tier)), groups
 
     @staticmethod
     def _fault(fn, fault: dict) -> None:
@@ -300,12 +332,14 @@ class Bench:
         return rows
 
     # -- the runs ---------------------------------------------------------------------
-    def with_shared(self) -> tuple[list[dict], dict]:
-        """3 epochs with the tier, then the faults on the same nodes."""
+    def with_shared(self, faults_too: bool = True) -> tuple[list[dict], dict]:
+        """3 epochs with the tier, then (``faults_too``) the faults on the same nodes."""
         c = self.cluster
         faults: dict = {}
         with self.nc_nodes(self.p.nodes, "epochs") as nodes:
             rows = self.epochs(nodes, True, "with --shared-cache")
+            if not faults_too:
+                return rows, {}
             e = self.p.epochs
             self.s.log("multinode: volume server 0 killed mid-epoch")
             killed = [self.epoch(nodes, e, True, midway=lambda: c.kill_volume(0))]

@@ -4,7 +4,7 @@ checkpoint loaded by every node, with and without the shared tier.
     python -m bench run --scenario multinode [--quick] [--out DIR]     # the table
     python -m bench.multinode [--nodes 4] [--epochs 3] [--files 256] [--file-kb 512]
                               [--ckpt-mb 128] [--rtt-ms 60] [--systems rclone,s3fs]
-                              [--out FILE.json]
+                              [--only all|epochs] [--out FILE.json]
 
 One implementation, two ways in.  As the ``multinode`` scenario of ``python -m bench
 run`` it reuses the runner's origin -- its SeaweedFS (``ctx.seaweed``, bucket
@@ -122,8 +122,12 @@ def measure(s: Setup, p: Params) -> dict:
         res: dict = {}
         with b.nc_nodes(p.nodes, None) as nodes:
             res["without"] = b.epochs(nodes, True, "without --shared-cache")
-        res["with"], out["faults"] = b.with_shared()
+        res["with"], out["faults"] = b.with_shared(p.parts == "all")
         out["errors"] = {}
+        out["epochs"] = res
+        out["checkpoint"] = {}
+        if p.parts == "epochs":
+            return out
         for system in p.others:
             try:
                 with b.system_nodes(system, p.nodes) as nodes:
@@ -131,9 +135,7 @@ def measure(s: Setup, p: Params) -> dict:
             except Exception as exc:   # not installed, mount failed: a line in the table
                 out["errors"][system] = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
                 s.log(f"multinode: {system} failed: {out['errors'][system]}")
-        out["epochs"] = res
         size = len(ckpt)
-        out["checkpoint"] = {}
         for name, n, shared, leases in (("alone", 1, "ck-alone", True),
                                         ("alone, without", 1, None, True),
                                         ("with", p.nodes, "ck-with", True),
@@ -188,11 +190,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--systems", default="rclone,s3fs",
                     help="comparison systems, each node alone ('' for none)")
+    ap.add_argument("--only", choices=("all", "epochs"), default="all",
+                    help="epochs: only the epochs without and with --shared-cache (no "
+                         "faults, checkpoint or other systems), with the tier's counters")
     ap.add_argument("--out", help="also write the results as JSON here")
     a = ap.parse_args(argv)
     p = Params(nodes=a.nodes, epochs=a.epochs, files=a.files, file_kb=a.file_kb,
                ckpt_mb=a.ckpt_mb, seed=a.seed, rtt_ms=a.rtt_ms,
-               others=tuple(x for x in a.systems.split(",") if x))
+               others=tuple(x for x in a.systems.split(",") if x and a.only == "all"),
+               parts=a.only)
     work = Path(tempfile.mkdtemp(prefix="nc-multinode-"))
 
     def log(msg):
