@@ -277,8 +277,9 @@ def test_shared_cache_gc(cluster, monkeypatch):
         monkeypatch.setenv(k, v)
 
     s3 = cluster.client()
-    keep = ["t6/other/x", "t6/nc1x"]                         # not the tier's: untouched
-    tier = [f"t6/nc1/blocks/ab/{i}" for i in range(3)] + ["t6/nc1/leases/ab"]
+    keep = ["t6/other/x", "t6/nc1x", "t6/nc3/a"]             # not the tier's: untouched
+    tier = ([f"t6/nc2/blocks/ab/{i}" for i in range(2)]
+            + ["t6/nc1/blocks/ab/0", "t6/nc1/leases/ab"])  # an older release's layout
     for k in keep + tier:
         s3.put_object(Bucket=SHARED, Key=k, Body=b"x" * 10)
     url = f"s3://{SHARED}/t6"

@@ -10,6 +10,7 @@ import time
 import trio
 
 from neuralcache.store import shared as sh
+from neuralcache.store.sharedobj import CLAIM_MAGIC
 from neuralcache.store.tiers import BlockKey
 
 LATENCY = 0.2          # per request: far above the test's own overheads
@@ -18,7 +19,7 @@ LATENCY = 0.2          # per request: far above the test's own overheads
 class SlowBucket:
     """An S3 bucket in memory: every request takes ``latency`` (block PUTs
     ``put_latency``), create-only PUTs honour If-None-Match, and each request is
-    logged as (method, kind) with kind "block" or "lease"."""
+    logged as (method, kind): kind "claim" for a PUT of a claim, else "block"."""
     bucket, prefix = "b", "p"
 
     def __init__(self, latency: float = LATENCY, put_latency: float | None = None):
@@ -29,19 +30,19 @@ class SlowBucket:
         self._lock = threading.Lock()
 
     @staticmethod
-    def _kind(name: str) -> str:
-        return "lease" if "/leases/" in name else "block"
+    def _kind(body: bytes) -> str:
+        return "claim" if body.startswith(CLAIM_MAGIC) else "block"
 
     def get(self, name):
         time.sleep(self.latency)
         with self._lock:
-            self.log.append(("GET", self._kind(name)))
+            self.log.append(("GET", "block"))
             return self.objects.get(name)
 
     def put(self, name, body, create_only=False):
-        time.sleep(self.put_latency if self._kind(name) == "block" else self.latency)
+        time.sleep(self.put_latency if self._kind(body) == "block" else self.latency)
         with self._lock:
-            self.log.append(("PUT", self._kind(name)))
+            self.log.append(("PUT", self._kind(body)))
             if create_only and name in self.objects:
                 return False
             self.objects[name] = bytes(body)
@@ -50,7 +51,7 @@ class SlowBucket:
     def delete(self, name):
         time.sleep(self.latency)
         with self._lock:
-            self.log.append(("DELETE", self._kind(name)))
+            self.log.append(("DELETE", "block"))
             self.objects.pop(name, None)
 
 
@@ -62,10 +63,11 @@ def store_block(t: sh.SharedTier, b: SlowBucket, bk: BlockKey, data: bytes) -> N
     b.objects[t.block_object(t._hash(bk))] = sh.pack(t._header(bk, data), data)
 
 
-def test_a_cold_miss_asks_for_the_block_and_the_lease_at_once():
-    """A cold tier (the first epoch: nearly every lookup misses): the GET and the lease
-    PUT go out together, so a miss costs one round trip before the origin fetch, not a
-    GET that misses and then the lease (two)."""
+def test_a_cold_miss_is_one_request_the_claim():
+    """A cold tier (the first epoch: nearly every lookup misses): the claim at the
+    block's name goes out alone, so a miss costs one request before the origin fetch
+    (layout nc1 sent a GET and a lease PUT: two requests per miss, each ~1 ms of the
+    daemon's CPU and more of the tier's in the bench's first epoch)."""
     b = SlowBucket()
 
     async def main():
@@ -74,16 +76,16 @@ def test_a_cold_miss_asks_for_the_block_and_the_lease_at_once():
         t0 = time.monotonic()
         assert await t.get(BlockKey("k", "v1", 0), 10) is None
         took = time.monotonic() - t0
-        assert sorted(b.log) == [("GET", "block"), ("PUT", "lease")]
+        assert b.log == [("PUT", "claim")]
         assert BlockKey("k", "v1", 0) in t._held           # ours: fetch it
         assert took < 1.6 * LATENCY, f"a cold miss took {took:.2f} s: two round trips"
 
     trio.run(main)
 
 
-def test_a_cold_lookup_finds_a_block_written_without_a_lease():
-    """A block whose lease is gone (expired, collected, or written by a node with leases
-    off) is still found on a cold tier: the lease is won, but the GET answers."""
+def test_a_cold_lookup_finds_a_block_written_without_a_claim():
+    """A block written by a node with leases off (no claim before it) is found on a
+    cold tier: the claim is refused (the name is taken), and the GET answers."""
     b = SlowBucket(latency=0.01)
 
     async def main():
@@ -93,12 +95,13 @@ def test_a_cold_lookup_finds_a_block_written_without_a_lease():
         assert t.cold()
         assert await t.get(bk, 10) == b"x" * 10
         assert t.c["shared_hits"] == 1 and bk not in t._held
+        assert b.log == [("PUT", "claim"), ("GET", "block")]
 
     trio.run(main)
 
 
 def test_a_warm_tier_looks_up_first_and_takes_no_lease_on_a_hit():
-    """Once most lookups hit, a hit is one GET (no lease PUT beside it)."""
+    """Once most lookups hit, a hit is one GET (no claim before it)."""
     b = SlowBucket(latency=0.001)
 
     async def main():
@@ -143,10 +146,10 @@ def test_a_block_waiting_for_its_write_through_is_served_from_the_queue():
 
 
 def test_a_reader_waits_on_another_nodes_prefetch_about_one_origin_fetch():
-    """Node B's prefetch (reading ahead, into the next epoch's share) took the lease on a
-    block node A's reader needs now; B's PUT is slow (it queues behind B's own blocks).
-    A reads the lease once, sees a prefetch took it, and waits about one origin fetch
-    (PREFETCH_WAIT_FACTOR x its origin p90), not lease_wait().  A lease a reader's
+    """Node B's prefetch (reading ahead, into the next epoch's share) claimed a block
+    node A's reader needs now; B's PUT is slow (it queues behind B's own blocks).  A
+    reads the claim, sees a prefetch took it, and waits about one origin fetch
+    (PREFETCH_WAIT_FACTOR x its origin p90), not lease_wait().  A claim a reader's
     load took is waited out as before."""
     b = SlowBucket(latency=0.01)
 
@@ -183,3 +186,43 @@ def test_the_lease_wait_covers_the_write_through_queue():
     t._written.extend([0.9] * sh.LATENCY_MIN_SAMPLES)       # slow write-throughs
     assert t.lease_wait() >= min(sh.LEASE_WAIT_MAX_S,
                                  sh.LEASE_WAIT_FACTOR * (0.05 + 0.9)), t.lease_wait()
+
+
+def test_a_claim_given_up_or_stale_is_not_waited_out():
+    """The owner's fetch failed: it deletes its claim and a waiting node fetches the
+    block itself at its next poll.  A claim older than CLAIM_STALE_S (its owner died
+    before its block replaced it) is not waited for at all, and the block written by
+    the node that fetched it then replaces the claim."""
+    b = SlowBucket(latency=0.01)
+
+    async def main():
+        owner, reader = tier(b), tier(b)
+        bk, old = BlockKey("k", "v1", 7), BlockKey("k", "v1", 8)
+        async with trio.open_nursery() as n:
+            await n.start(owner.run)
+            await n.start(reader.run)
+            assert await owner.get(bk, 10) is None and bk in owner._held
+
+            async def give_up():
+                await trio.sleep(0.1)
+                owner.fetched(bk, None)            # the origin fetch failed
+            n.start_soon(give_up)
+            t0 = time.monotonic()
+            assert await reader.get(bk, 10) is None
+            assert time.monotonic() - t0 < 0.5 < reader.lease_wait()
+            assert reader.c["shared_lease_dropped"] == 1
+
+            name = reader.block_object(reader._hash(old))
+            b.objects[name] = sh.claim("dead-node", time.time() - sh.CLAIM_STALE_S - 1, False)
+            t0 = time.monotonic()
+            assert await reader.get(old, 10) is None
+            assert time.monotonic() - t0 < 0.1
+            assert reader.c["shared_lease_stale"] == 1
+            reader.fetched(old, b"s" * 10)          # its origin fetch: written through
+            with trio.fail_after(2):
+                while b.objects[name].startswith(CLAIM_MAGIC):
+                    await trio.sleep(0.01)
+            assert await owner.get(old, 10) == b"s" * 10
+            n.cancel_scope.cancel()
+
+    trio.run(main)

@@ -2,8 +2,9 @@
 without lifecycle rules (a lifecycle rule is the better way where the store has one:
 docs/many-nodes.md).
 
-What it deletes: every object under ``PREFIX/nc1/`` (blocks and leases; nothing else
-under the prefix) whose last write is older than ``--older-than``.  A block object is
+What it deletes: every object under ``PREFIX/nc2/`` (blocks and claims) and under an
+older release's layout, ``PREFIX/nc1/`` (blocks and leases) -- nothing else under the
+prefix -- whose last write is older than ``--older-than``.  A block object is
 written when a node fetches the block from the origin, never refreshed on reads (S3
 has no access time), so the age counts from that write: a block still in use is deleted too, and the
 next node that needs it fetches it from the origin once and writes it through again.
@@ -41,41 +42,42 @@ def gc(url: str, older_than_s: float, *, endpoint_url: str | None = None,
        region: str | None = None, profile: str | None = None,
        dry_run: bool = False) -> tuple[int, int]:
     """Delete (or with ``dry_run`` count) the old objects; (objects, bytes)."""
-    from ..store.shared import LAYOUT, SharedBucket, parse_shared_url
+    from ..store.shared import SharedBucket, parse_shared_url
+    from ..store.sharedobj import LAYOUTS
 
     bucket, prefix = parse_shared_url(url)
     sb = SharedBucket(bucket, prefix, endpoint_url=endpoint_url, region=region,
                       profile=profile, concurrency=4)
     cutoff = time.time() - older_than_s
-    root = sb.prefix + LAYOUT + "/"
     count = size = 0
     batch: list[str] = []
 
     def flush() -> None:
         if batch and not dry_run:
-            sb._call(f"delete {len(batch)} objects from s3://{bucket}/{root}",
+            sb._call(f"delete {len(batch)} objects from s3://{bucket}/{sb.prefix}",
                      lambda: _delete(sb, bucket, batch))
         batch.clear()
 
-    token = None
     try:
         sb.check()
-        while True:
-            kw = dict(Bucket=bucket, Prefix=root, MaxKeys=1000)
-            if token:
-                kw["ContinuationToken"] = token
-            resp = sb._call(f"list s3://{bucket}/{root}",
-                            lambda kw=kw: sb._client.list_objects_v2(**kw))
-            for o in resp.get("Contents", []):
-                if o["LastModified"].timestamp() < cutoff:
-                    count += 1
-                    size += int(o["Size"])
-                    batch.append(o["Key"])
-                    if len(batch) >= DELETE_BATCH:
-                        flush()
-            if not resp.get("IsTruncated"):
-                break
-            token = resp["NextContinuationToken"]
+        for root in (sb.prefix + layout + "/" for layout in LAYOUTS):
+            token = None
+            while True:
+                kw = dict(Bucket=bucket, Prefix=root, MaxKeys=1000)
+                if token:
+                    kw["ContinuationToken"] = token
+                resp = sb._call(f"list s3://{bucket}/{root}",
+                                lambda kw=kw: sb._client.list_objects_v2(**kw))
+                for o in resp.get("Contents", []):
+                    if o["LastModified"].timestamp() < cutoff:
+                        count += 1
+                        size += int(o["Size"])
+                        batch.append(o["Key"])
+                        if len(batch) >= DELETE_BATCH:
+                            flush()
+                if not resp.get("IsTruncated"):
+                    break
+                token = resp["NextContinuationToken"]
         flush()
     except BackendError as exc:
         raise UserError(f"shared cache {url}: {exc}") from None
@@ -95,14 +97,15 @@ def _delete(sb: SharedBucket, bucket: str, keys: list[str]) -> None:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..store.shared import LAYOUT
+    from ..store.sharedobj import LAYOUTS
 
     age = parse_age(args.older_than)
     n, size = gc(args.url, age, endpoint_url=args.endpoint_url, region=args.region,
                  profile=args.profile, dry_run=args.dry_run)
     verb = "would delete" if args.dry_run else "deleted"
     print(f"neuralcache: {verb} {n} objects ({format_size(size)}) older than "
-          f"{args.older_than} from {args.url.rstrip('/')}/{LAYOUT}/")
+          f"{args.older_than} from " + " and ".join(
+              f"{args.url.rstrip('/')}/{layout}/" for layout in reversed(LAYOUTS)))
     return 0
 
 
@@ -115,13 +118,14 @@ def add_parser(sub) -> None:
     ssub.required = True
     g = ssub.add_parser(
         "gc", help="delete shared cache objects older than an age",
-        description="Delete the shared cache's block and lease objects (everything under "
-                    "PREFIX/nc1/, nothing else) last written more than AGE ago.  A block is "
+        description="Delete the shared cache's objects (everything under PREFIX/nc2/ "
+                    "and, from older releases, PREFIX/nc1/; nothing else) last written "
+                    "more than AGE ago.  A block is "
                     "written when a node fetches it from the origin, not when it is read, "
                     "so a block still in use is deleted too and fetched from the origin "
                     "once more by the next node that needs it.  Safe while mounts run.  "
                     "Where the store has "
-                    "lifecycle rules, an expiration rule on PREFIX/nc1/ does the same "
+                    "lifecycle rules, an expiration rule on PREFIX/nc2/ does the same "
                     "without this command.")
     g.add_argument("url", metavar="s3://BUCKET[/PREFIX]", help="the --shared-cache of the mounts")
     g.add_argument("--older-than", required=True, metavar="AGE",

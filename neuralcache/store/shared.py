@@ -4,13 +4,11 @@ about once per cluster (issue 13).  Lookup order: memory -> disk -> shared -> or
 
 Objects (under ``--shared-cache s3://BUCKET[/PREFIX]``)::
 
-    PREFIX/nc1/blocks/XY/<h>   one block: header + data (format below)
-    PREFIX/nc1/leases/<h>      "I am fetching block h from the origin" (JSON, tiny)
+    PREFIX/nc2/blocks/XY/<h>   one block: header + data (format below), or, while a node
+                               fetches it from the origin, that node's claim (tiny)
 
-``h`` = xxh3_128 of (source identity, full object key, version/ETag, block size, block
-index): a changed origin object has a new ETag, so it can never be served an old block.
-The block object is ``b"NCS1" | u32 header length | header JSON | data`` (names, format
-and the bucket client: store/sharedobj.py); the header
+The block object is ``b"NCS1" | u32 header length | header JSON | data``, a claim
+``b"NCC1" | JSON`` (names, formats and the bucket client: store/sharedobj.py); the header
 names the source, key, version, block size, index, length and xxh3_64 of the data, and
 every read checks all of them.  A mismatch (torn write, a bug, a hostile or confused
 writer, an xxh3_128 collision) is a miss and a log line, and the block is overwritten
@@ -22,8 +20,8 @@ Failure is a miss, never a failed read, and slowness costs a bounded wait: every
 request runs in a worker thread under a deadline (``deadline()``: DEADLINE_FACTOR x the
 p90 of the last LATENCY_WINDOW answers, late ones included, within [DEADLINE_MIN_S,
 DEADLINE_MAX_S]; DEADLINE_COLD_S until LATENCY_MIN_SAMPLES answers).  A timeout or error
-of a request a reader waits on (a block lookup, a lease create, a lease check; not a
-write-through PUT, a lease delete or the probe) is a miss and counts toward a breaker:
+of a request a reader waits on (a block lookup, a claim, a poll; not a write-through
+PUT, a claim's delete or the probe) is a miss and counts toward a breaker:
 after BREAKER_FAILURES such failures in a row (an answered one resets the count), when
 nothing has come back from the tier for BREAKER_SILENCE x the current deadline (at
 least BREAKER_SILENCE_MIN_S) -- silence counted from the first request sent after the
@@ -37,35 +35,38 @@ answers, but slowly, raises its own deadline (late answers count in the p90) up 
 DEADLINE_MAX_S and stays in use: it still saves WAN bytes.
 
 Concurrent misses (several nodes want the same block at once: the same epoch start, one
-checkpoint loaded by every node): a lease.  On a miss the node creates the
-lease object with a conditional put (``If-None-Match: *``: exactly one creator wins,
+checkpoint loaded by every node): a claim.  On a miss the node puts a claim at the
+block's name with a conditional put (``If-None-Match: *``: exactly one creator wins,
 the rest get 412; checked here on SeaweedFS 4.48 with 8 racing creators, documented by
 AWS S3 since Aug 2024; docs/many-nodes.md has a probe for other stores).  The winner
-fetches from the origin and writes the block through; the lease stays (a node that
-missed just before that write finds it, waits, and reads the block on its first poll;
-gc and lifecycle rules remove leases with the blocks), and is deleted only when the
-fetch fails or the write is skipped, so that nobody waits for it.  The others poll the
-block object for up to ``lease_wait()`` (about two origin fetches and write-throughs)
-and read it from the shared tier, or fetch from the origin themselves when it does not
-come or a poll finds the lease gone -- or, for a reader, after about one origin fetch
-when the lease says another node's prefetch took it (PREFETCH_WAIT_FACTOR).  The lease is taken before the origin request queues, never while
-holding a backend slot, so nodes waiting on each other cannot deadlock.
+fetches from the origin and its write-through replaces the claim with the block; it
+deletes the claim only when the fetch fails or the write is skipped, so that nobody
+waits for it.  A loser reads the name: the block (a hit), or the claim, and then polls
+the name for up to ``lease_wait()`` (about two origin fetches and write-throughs) and
+reads the block from the shared tier -- or fetches from the origin itself when it does
+not come, when a poll finds the name empty (the owner gave up), when the claim is
+older than CLAIM_STALE_S (the owner died), or, for a reader, after about one origin
+fetch when the claim says another node's prefetch took it (PREFETCH_WAIT_FACTOR).  The
+claim is taken before the origin request queues, never while holding a backend slot,
+so nodes waiting on each other cannot deadlock.  (Layout nc1 kept these "leases" as
+objects of their own beside the blocks: a cold miss cost a GET and a lease PUT, and
+every lease stayed in the bucket.  The counters and options keep the word lease.)
 
 The order of a lookup follows the tier's recent hit rate (``cold()``, COLD_*): warm,
-the block is asked for first and the lease only on a miss (a hit is one request); cold
-(fewer than half of the last lookups hit: a new dataset's first epoch), the block and
-the lease are asked for at once, so that a miss costs one round trip before the origin
-fetch instead of two in a row.  Both are asked for: a block whose lease is gone is
-found all the same.
+the block's name is read first and claimed only on a miss (a hit is one request);
+cold (fewer than half of the last lookups hit: a new dataset's first epoch), it is
+claimed first, so that a miss costs one request before the origin fetch (a hit two:
+the claim's 412, then the GET).  A block written without a claim (a node with
+``--shared-cache-leases off``) is found either way: the claim is refused.
 
 Write-through is in the background: a bounded queue (WRITE_QUEUE_MAX bytes) and
 WRITERS tasks; when full, the block is not written (counted), a reader never waits.  A
 block in that queue (or being PUT) is served from it to this node's own readers
-(``shared_queue_hits``): it was fetched here, under this node's lease, and a lookup
-would find that lease and wait for this node's own PUT.
+(``shared_queue_hits``): it was fetched here, under this node's claim, and a lookup
+would find this node's claim and wait for this node's own PUT.
 
 Threads: requests are blocking (S3Backend, urllib3) and run in trio worker threads:
-``SHARED_THREADS`` at most for lookups, leases and polls, WRITERS more for the
+``SHARED_THREADS`` at most for lookups, claims and polls, WRITERS more for the
 write-through (it never holds a thread a reader waits for); bookkeeping runs on the
 trio thread, like BlockStore.
 """
@@ -86,14 +87,14 @@ import xxhash
 from ..errors import BackendError, NotFound, PermissionDenied, UserError
 from ..stats import percentile
 from .sharedobj import (LAYOUT, MAGIC, MAX_HEADER, SharedBucket,  # noqa: F401 (re-exported)
-                        block_name, pack, parse_shared_url, prefetch_lease,
+                        block_name, claim, pack, parse_claim, parse_shared_url,
                         source_identity, unpack, verified)
 from .tiers import BlockKey
 
 log = logging.getLogger(__name__)
 
 # Deadline of one shared-tier request: DEADLINE_FACTOR x the p90 of the last
-# LATENCY_WINDOW answered requests (lookups, misses and leases alike), within
+# LATENCY_WINDOW answered requests (lookups, misses and claims alike), within
 # [DEADLINE_MIN_S, DEADLINE_MAX_S]; DEADLINE_COLD_S until LATENCY_MIN_SAMPLES.  A healthy
 # in-region store answers an 8 MiB GET in ~10-50 ms of first byte plus ~40-80 ms of
 # transfer (S3 Standard at ~100-200 MB/s per connection; S3 Express and a LAN MinIO
@@ -115,7 +116,7 @@ MOUNT_CHECK_S = 3.0
 # timeouts are write errors, not breaker failures (no reader waits on them).
 PUT_DEADLINE_S = DEADLINE_MAX_S
 # Breaker: after BREAKER_FAILURES failed or timed-out requests in a row that a reader
-# waits on (lookups, lease creates and checks), when nothing at all has come back from
+# waits on (lookups, claims, polls), when nothing at all has come back from
 # the tier for BREAKER_SILENCE deadlines since the first request after the last answer
 # (the first request ever, on a fresh node; late answers count: a
 # tier in a load spike is slow, not dead, and its requests time out together), the
@@ -133,7 +134,7 @@ BREAKER_SILENCE = 2.0
 # BREAKER_OPEN_S.  Half a second of silence costs the reads in it one deadline each.
 BREAKER_SILENCE_MIN_S = 0.5
 BREAKER_OPEN_S = 5.0
-# Worker threads for the requests a reader may wait on (lookups, leases, polls); the
+# Worker threads for the requests a reader may wait on (lookups, claims, polls); the
 # writers have WRITERS of their own.  Abandoned (timed-out) requests keep their thread
 # until urllib3's own 5 s timeout, so this also bounds what a stalled tier ties up.  A
 # cold lookup is two requests at once: 64 serve the ~20 loads per node a first epoch
@@ -141,38 +142,48 @@ BREAKER_OPEN_S = 5.0
 SHARED_THREADS = 64
 # Background write-through: bytes queued (like BlockStore's disk queue: enough for one
 # read-ahead window of 8 x 8 MiB blocks) and concurrent PUTs (4 x ~100 MB/s in-region
-# is above what one node fetches from the WAN).  A leased block (other nodes are
+# is above what one node fetches from the WAN).  A claimed block (other nodes are
 # waiting for it) may use up to twice the bytes before it is dropped.
 WRITE_QUEUE_MAX = 64 << 20
 WRITE_QUEUE_ENTRIES = 1024
 WRITERS = 4
-# Leases.  A waiter first polls the block after half the node's own origin p50 (the
+# Claims ("leases").  A waiter first polls the block's name after half the node's own origin p50 (the
 # owner needs about one origin fetch), then every x1.5 longer, from LEASE_POLL_MIN_S to
 # LEASE_POLL_MAX_S (a few in-region round trips), for at most lease_wait():
 # LEASE_WAIT_FACTOR x (the node's origin p90 + the p90 of its own write-throughs from
 # queueing to done, or the tier's p90 before LATENCY_MIN_SAMPLES of them: the owner's
 # fetch, queue and PUT -- the queue was 0.5-1 s when an epoch's blocks were all
 # written at once) + LEASE_WAIT_PAD_S, within [LEASE_WAIT_MIN_S, LEASE_WAIT_MAX_S].  Past it, or as
-# soon as a poll finds the lease gone (the owner gave up), the waiter fetches from the
-# origin itself: a duplicate fetch, never a wrong or failed read.  A dead owner's lease (crash) thus
-# costs each concurrent waiter one lease_wait(), once: the block is written by them.
+# soon as a poll finds the claim gone (the owner gave up), the waiter fetches from the
+# origin itself: a duplicate fetch, never a wrong or failed read.  A dead owner's claim
+# (crash) thus costs each concurrent waiter one lease_wait(), once: their write-through
+# replaces it (and after CLAIM_STALE_S nobody waits for it).
 LEASE_POLL_MIN_S = 0.01
 LEASE_POLL_MAX_S = 0.2
 LEASE_WAIT_FACTOR = 2.0
 LEASE_WAIT_PAD_S = 0.2
 LEASE_WAIT_MIN_S = 0.3
 LEASE_WAIT_MAX_S = 3.0
-# A reader waiting on a lease a *prefetch* of another node took (the lease says so)
+# A reader waiting on a claim a *prefetch* of another node took (the claim says so)
 # waits at most PREFETCH_WAIT_FACTOR x its own origin p90 from when it reads that --
 # about its own fetch -- then fetches the block itself (a second WAN fetch).  Such an
 # owner reads ahead (the next epoch's share) and its PUT queues behind the blocks of
 # its own readers: 0.5-0.8 s in the bench's first epoch, which ended with those few
-# blocks.  Leases of demand reads and read-ahead (a checkpoint) are waited out.
+# blocks.  Claims of demand reads and read-ahead (a checkpoint) are waited out.
 PREFETCH_WAIT_FACTOR = 1.0
-# The order of a lookup.  Warm tier: GET the block, the lease only on a miss (a hit is
-# one request, a miss two in a row before the origin fetch: 0.08-0.4 s per block in
-# the bench's first epoch).  Cold tier: the GET and the lease at once (a miss is one
-# round trip, a hit one request more).  Cold: fewer than COLD_HIT_RATE of the last
+# A claim older than this (by the wall clock of the node that reads it) is not waited
+# for: its owner died or lost the tier before its block replaced it.  A block's fetch
+# and write-through take at most a few LEASE_WAIT_MAX_S; a minute also covers clocks
+# that NTP keeps within seconds.  The block written by the node that fetches it then
+# replaces the claim.
+CLAIM_STALE_S = 60.0
+# The order of a lookup.  Warm tier: GET the block's name, the claim only on a miss (a
+# hit is one request, a miss two in a row before the origin fetch: 0.08-0.4 s per block
+# in the bench's first epoch).  Cold tier: the claim first (a miss is one request, a hit
+# two: the claim's 412, then the GET; layout nc1 sent a GET and a lease PUT at once,
+# two requests per miss -- in the bench's first epoch each request cost the daemon
+# ~1 ms of CPU and the tier cluster ~0.5-1.5 ms, on the cores the nodes read with).
+# Cold: fewer than COLD_HIT_RATE of the last
 # COLD_WINDOW lookups hit (half: there the two orders cost the same; 32 lookups are a
 # few read-ahead windows, so the order follows an epoch boundary within a second), or
 # fewer than COLD_MIN_LOOKUPS lookups so far.
@@ -202,7 +213,7 @@ class SharedTier:
         self.origin_latency = origin_latency or (lambda q: 0.1)
         self.node_id = node_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._threads = trio.CapacityLimiter(SHARED_THREADS)
-        self._write_threads = trio.CapacityLimiter(WRITERS)   # PUTs, lease deletes
+        self._write_threads = trio.CapacityLimiter(WRITERS)   # PUTs, claim deletes
         self._lat: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._written: collections.deque = collections.deque(maxlen=LATENCY_WINDOW)
         self._lat_lock = threading.Lock()
@@ -210,7 +221,7 @@ class SharedTier:
         self._answered = 0.0                     # the last answer, late ones included
         self._asked = 0.0                        # the first request after that answer
         self.down = False                        # breaker open: the tier is skipped
-        self._held: set[BlockKey] = set()       # leases we created, block not yet written
+        self._held: set[BlockKey] = set()       # our claims, block not yet written
         # hit (True) or miss of the last COLD_WINDOW lookups: cold() picks their order
         self._outcomes: collections.deque = collections.deque(maxlen=COLD_WINDOW)
         # fetched here, write-through queued or running: reads are served from here
@@ -233,10 +244,6 @@ class SharedTier:
     @staticmethod
     def block_object(h: str) -> str:
         return f"{LAYOUT}/blocks/{h[:2]}/{h}"
-
-    @staticmethod
-    def lease_object(h: str) -> str:
-        return f"{LAYOUT}/leases/{h}"
 
     # -- lifecycle -------------------------------------------------------------------
     async def check(self) -> None:
@@ -349,18 +356,22 @@ class SharedTier:
         else:
             log.debug("shared cache %s: %s", self.url, why)
 
-    def _get_verified(self, bk: BlockKey, h: str, length: int) -> bytes | str | None:
-        """(worker thread) The block's data if present and valid, None if absent, or
-        what is wrong with it (a str)."""
+    def _get_verified(self, bk: BlockKey, h: str, length: int):
+        """(worker thread) What the block's name holds: its data (bytes) if valid, None
+        if absent, a claim's fields (a dict) while another node fetches it, or what is
+        wrong with it (a str)."""
         body = self.bucket.get(self.block_object(h))
         if body is None:
             return None
+        info = parse_claim(body)
+        if info is not None:
+            return info
         return verified(body, self._header(bk, b""), length)
 
-    async def _lookup(self, bk: BlockKey, h: str, length: int,
-                      again: bool = False) -> bytes | None:
-        """The block from the shared tier if there and valid, else None; _Failed.
-        ``again``: a repeated look (a bad block was reported by the first)."""
+    async def _lookup(self, bk: BlockKey, h: str, length: int, again: bool = False):
+        """The block's data if the tier holds it and it is valid, a claim's fields (a
+        dict) if a node is fetching it, else None; _Failed.  ``again``: a repeated look
+        (a bad block was reported by the first)."""
         got = await self._call(self._get_verified, bk, h, length)
         if isinstance(got, str):
             if not again:
@@ -384,13 +395,13 @@ class SharedTier:
         ``fetched``).  Never raises a domain error, never takes longer than the
         deadline per request (plus lease_wait() when another node is fetching it).
         ``prefetch``: a cross-file prefetch loads it; ``urgent()``: a reader waits on
-        this load now (both for the lease: PREFETCH_WAIT_FACTOR)."""
+        this load now (both for the claim: PREFETCH_WAIT_FACTOR)."""
         ask = (bk, prefetch, urgent)
         data = self._pending.get(bk)
         if data is not None:
             # we fetched it ourselves and its PUT has not finished: evicted here before
             # it was read (a read-ahead window above the memory tier).  Looking it up
-            # would find our own lease and wait for our own write-through.
+            # would find our own claim and wait for our own write-through.
             self.c["shared_queue_hits"] += 1
             return data
         if self.down:
@@ -399,11 +410,14 @@ class SharedTier:
         h = self._hash(bk)
         try:
             if self.leases and self.cold():
-                data = await self._lease_and_lookup(ask, h, length)
+                self.c["shared_cold_lookups"] += 1
+                data = await self._claim_or_look(ask, h, length)
             else:
                 data = await self._lookup(bk, h, length)
-                if data is None and self.leases:
-                    data = await self._lease_or_wait(ask, h, length)
+                if isinstance(data, dict):
+                    data = await self._wait(ask, h, length, data) if self.leases else None
+                elif data is None and self.leases:
+                    data = await self._claim_or_look(ask, h, length)
             self._outcomes.append(data is not None)
         except _Failed:
             data = None
@@ -417,84 +431,66 @@ class SharedTier:
         self.c["shared_bytes_read"] += len(data)
         return data
 
-    async def _take_lease(self, ask, h: str) -> bool:
-        """Create the lease on ``bk`` (True: ours, fetch it) or find it taken; _Failed."""
+    async def _claim_or_look(self, ask, h: str, length: int) -> bytes | None:
+        """Claim the block (a create-only PUT of a claim at its name): ours -> None, fetch
+        it.  Taken -> the name holds the block (a hit) or another node's claim (wait for
+        it); a claim gone since (its owner gave up) or a bad block -> None: fetch it
+        (unclaimed; the write-through replaces whatever is there).  _Failed.
+
+        A cold tier (most lookups miss: a first epoch) starts here, so that a miss is
+        one request before the origin fetch; a block already there costs one more."""
         bk, prefetch, urgent = ask
-        lease = json.dumps({"node": self.node_id, "t": time.time(),
-                            "prefetch": bool(prefetch and not urgent())}).encode()
-        if await self._call(self.bucket.put, self.lease_object(h), lease, True):
+        body = claim(self.node_id, time.time(), bool(prefetch and not urgent()))
+        if await self._call(self.bucket.put, self.block_object(h), body, True):
             self._held.add(bk)
             self.c["shared_leases"] += 1
-            return True
-        return False
-
-    async def _lease_and_lookup(self, ask, h: str, length: int) -> bytes | None:
-        """A cold tier's order: the lease and the block at once, so that a miss costs
-        one round trip before the origin fetch, not a GET that misses and then the
-        lease.  The GET is not skipped: blocks written without a lease (a node with
-        leases off, a lease expired or collected before its block) are found too."""
-        self.c["shared_cold_lookups"] += 1
-        got: dict = {}
-
-        async def one(name, fn, *args):
-            try:
-                got[name] = await fn(*args)
-            except _Failed:
-                got[name] = _Failed
-
-        async with trio.open_nursery() as n:
-            n.start_soon(one, "data", self._lookup, ask[0], h, length)
-            n.start_soon(one, "lease", self._take_lease, ask, h)
-        data, lease = got["data"], got["lease"]
-        if data is not _Failed and data is not None:
-            self._held.discard(ask[0])           # ours, if we took it: it stays, as after a write
-            return data
-        if lease is True or lease is _Failed:
-            return None                      # fetch it (under our lease, if we hold it)
-        if data is _Failed:
-            raise _Failed()
-        return await self._wait(ask, h, length)   # another node is fetching it
-
-    async def _lease_or_wait(self, ask, h: str, length: int) -> bytes | None:
-        if await self._take_lease(ask, h):
             return None
-        return await self._wait(ask, h, length)
+        got = await self._lookup(bk, h, length)
+        if isinstance(got, dict):
+            return await self._wait(ask, h, length, got)
+        return got
 
-    async def _wait(self, ask, h: str, length: int) -> bytes | None:
-        """Another node holds the lease on ``bk``: poll for its block (None: give up).
-        Once a reader waits on this load, the lease is read once: one a prefetch took
-        is waited for PREFETCH_WAIT_FACTOR x the origin p90 at most."""
+    async def _wait(self, ask, h: str, length: int, owner: dict) -> bytes | None:
+        """Another node's claim is at the block's name (``owner``: its fields): poll the
+        name until the block replaces it (None: give up and fetch it ourselves).  Each
+        poll reads the claim too: gone (the owner gave up) ends the wait at once; one
+        older than CLAIM_STALE_S (its owner died) is not waited for; one a prefetch took
+        is waited for PREFETCH_WAIT_FACTOR x the origin p90 at most, once a reader waits
+        on this load."""
         bk, _, urgent = ask
+        if time.time() - owner["t"] > CLAIM_STALE_S:
+            self.c["shared_lease_stale"] += 1
+            return None
         self.c["shared_lease_waits"] += 1
         t0 = time.monotonic()
         deadline = t0 + self.lease_wait()
         owner_checked = False
         poll = max(LEASE_POLL_MIN_S, 0.5 * self.origin_latency(0.5))
-        n = 0
         try:
-            while time.monotonic() + poll < deadline and not self.down:
-                await trio.sleep(poll)
+            while True:
+                if not owner_checked and urgent():
+                    owner_checked = True
+                    if owner["prefetch"]:
+                        deadline = min(deadline, time.monotonic() + PREFETCH_WAIT_FACTOR
+                                       * self.origin_latency(0.9))
+                        self.c["shared_lease_prefetch_owner"] += 1
+                left = deadline - time.monotonic()
+                if left <= 0 or self.down:
+                    break
+                await trio.sleep(min(poll, left))      # the last look is at the deadline
                 poll = min(LEASE_POLL_MAX_S, poll * 1.5)
-                n += 1
                 try:
-                    data = await self._lookup(bk, h, length, again=True)
-                    if data is None and (n % 3 == 0 or not owner_checked and urgent()):
-                        lease = await self._call(self.bucket.get, self.lease_object(h))
-                        if lease is None:
-                            self.c["shared_lease_dropped"] += 1
-                            return None       # the owner gave up: fetch it ourselves
-                        if not owner_checked and urgent():
-                            owner_checked = True
-                            if prefetch_lease(lease):
-                                deadline = min(deadline, time.monotonic()
-                                               + PREFETCH_WAIT_FACTOR
-                                               * self.origin_latency(0.9))
-                                self.c["shared_lease_prefetch_owner"] += 1
+                    got = await self._lookup(bk, h, length, again=True)
                 except _Failed:
                     continue                  # one slow poll: keep waiting
-                if data is not None:
+                if isinstance(got, dict):
+                    owner = got               # still claimed (perhaps by another node)
+                elif got is None:
+                    self.c["shared_lease_dropped"] += 1
+                    return None               # the owner gave up: fetch it ourselves
+                else:
                     self.c["shared_lease_wait_hits"] += 1
-                    return data
+                    return got
             self.c["shared_lease_timeouts"] += 1
             return None
         finally:
@@ -503,7 +499,7 @@ class SharedTier:
     # -- the write side --------------------------------------------------------------
     def fetched(self, bk: BlockKey, data: bytes | None) -> None:
         """After the origin fetch for a block ``get`` missed: write it through (in the
-        background) or, when the fetch failed or the write is skipped, drop our lease
+        background) or, when the fetch failed or the write is skipped, drop our claim
         so that waiting nodes need not wait it out."""
         leased = bk in self._held
         if data is None or self._nursery is None:
@@ -524,15 +520,16 @@ class SharedTier:
         self._pending[bk] = data
 
     def _release(self, bk: BlockKey) -> None:
-        """Delete our lease on ``bk`` (in the background), if we hold one."""
+        """Delete our claim on ``bk`` (in the background), if we hold one, so that the
+        nodes waiting on it fetch the block themselves at once."""
         if bk in self._held:
             self._held.discard(bk)
             if self._nursery is not None:
-                self._nursery.start_soon(self._delete_lease, bk)
+                self._nursery.start_soon(self._delete_claim, bk)
 
-    async def _delete_lease(self, bk: BlockKey) -> None:
+    async def _delete_claim(self, bk: BlockKey) -> None:
         try:
-            await self._call(self.bucket.delete, self.lease_object(self._hash(bk)),
+            await self._call(self.bucket.delete, self.block_object(self._hash(bk)),
                              breaker=False, limiter=self._write_threads)
         except _Failed:
             pass     # waiters give up after lease_wait() anyway
@@ -560,10 +557,7 @@ class SharedTier:
                 if self._pending.get(bk) is data:
                     del self._pending[bk]
             if ok:
-                # the lease stays: a node that missed just before this write finds it,
-                # waits, and reads the block on its first poll (deleting it would let
-                # that node take a new lease and fetch the block again)
-                self._held.discard(bk)
+                self._held.discard(bk)      # the block replaced our claim
             else:
                 self._release(bk)
 
@@ -573,7 +567,8 @@ class SharedTier:
             "shared_corrupt_blocks", "shared_errors", "shared_timeouts", "shared_skipped",
             "shared_breaker_trips", "shared_leases", "shared_lease_waits",
             "shared_lease_wait_hits", "shared_lease_timeouts", "shared_lease_dropped",
-            "shared_cold_lookups", "shared_queue_hits", "shared_lease_prefetch_owner")
+            "shared_cold_lookups", "shared_queue_hits", "shared_lease_prefetch_owner",
+            "shared_lease_stale")
 
     def snapshot(self) -> dict:
         out = {k: self.c[k] for k in self.KEYS}

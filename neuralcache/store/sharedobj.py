@@ -3,10 +3,11 @@ bucket client.
 
 ``block_name`` hashes (source identity, full object key, version/ETag, block size, block
 index); ``pack``/``unpack`` write and read ``b"NCS1" | u32 header length | header JSON |
-data``; ``SharedBucket`` is S3Backend's signing, region discovery and error table plus
+data``; ``claim``/``parse_claim`` the claim a node puts at a block's name while it
+fetches the block from the origin (``b"NCC1" | JSON``); ``SharedBucket`` is S3Backend's signing, region discovery and error table plus
 whole-object GET, PUT (optionally create-only) and DELETE.  What the tier does with
 them: store/shared.py's docstring.  Also: how every node names its origin
-(``source_identity``) and what a lease says (``prefetch_lease``).
+(``source_identity``) and what a claim says (``parse_claim``).
 """
 from __future__ import annotations
 
@@ -24,7 +25,16 @@ MAGIC = b"NCS1"
 _HEAD = struct.Struct("<4sI")
 # Largest header accepted (JSON of a few names; keys are at most 1 KiB on S3).
 MAX_HEADER = 16 << 10
-LAYOUT = "nc1"               # top-level folder under the prefix; bump on format changes
+# A block's name holds its claim until the block replaces it: "I am fetching this block
+# from the origin" (JSON: node, wall-clock time, whether a cross-file prefetch took it).
+CLAIM_MAGIC = b"NCC1"
+# Top-level folder under the prefix; bump on format changes.  nc1 kept leases as objects
+# of their own (PREFIX/nc1/leases/<h>) beside the blocks; nc2 puts the claim at the
+# block's name (one object per block; a cold miss is one request).
+LAYOUT = "nc2"
+# Every layout a NeuralCache release has written (``shared-cache gc`` deletes them all:
+# the blocks of an older release are never read by this one).
+LAYOUTS = ("nc1", LAYOUT)
 
 
 def parse_shared_url(url: str) -> tuple[str, str]:
@@ -139,12 +149,25 @@ class SharedBucket(S3Backend):
             raise self._fail(f"DELETE shared {name}", status, data)
 
 
-def prefetch_lease(body: bytes) -> bool:
-    """Whether a lease object says a cross-file prefetch took it (no reader waiting)."""
+def claim(node: str, t: float, prefetch: bool) -> bytes:
+    """The body of a claim: ``node`` fetches the block since ``t`` (wall clock, s)."""
+    return CLAIM_MAGIC + json.dumps({"node": node, "t": t, "prefetch": prefetch}).encode()
+
+
+def parse_claim(body: bytes) -> dict | None:
+    """A claim's fields ({"node", "t", "prefetch"}; missing ones are filled in) if
+    ``body`` is a claim, else None (a block, or something else at the name)."""
+    if not body.startswith(CLAIM_MAGIC):
+        return None
     try:
-        return json.loads(body).get("prefetch") is True
-    except (ValueError, AttributeError):
-        return False
+        got = json.loads(body[len(CLAIM_MAGIC):])
+    except ValueError:
+        got = None
+    if not isinstance(got, dict):
+        got = {}
+    t = got.get("t")
+    return {"node": str(got.get("node", "?")), "prefetch": got.get("prefetch") is True,
+            "t": float(t) if isinstance(t, (int, float)) else 0.0}
 
 
 def source_identity(backend, endpoint_url: str | None, source: str) -> tuple[str, str]:
