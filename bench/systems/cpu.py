@@ -48,6 +48,14 @@ def proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+def machine_busy() -> float:
+    """CPU seconds every core of the machine has spent busy so far (/proc/stat: all
+    but idle and iowait), whoever spent them."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK   # user..steal, minus idle, iowait
+
+
 def _stat(path: str) -> list[str]:
     """The fields of a /proc stat file after "(comm)": state ppid ... minflt(7) ...
     utime(11) stime(12)."""

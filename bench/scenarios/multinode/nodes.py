@@ -27,7 +27,7 @@ import xxhash
 
 from bench.servers.cluster import SeaweedCluster
 from bench.servers.seaweed import SeaweedServer
-from bench.systems.cpu import cpu_seconds, thread_cpu
+from bench.systems.cpu import cpu_seconds, machine_busy, thread_cpu
 from bench.systems.base import Mounted, MountOptions, SystemEnv, abort_mount
 from bench.systems.ncmount import mounted, stats
 from bench.systems.registry import make_system
@@ -281,9 +281,11 @@ class Bench:
                "node_bytes": [x["bytes"] for x in res], "node_s": [x["seconds"] for x in res]}
         out["wan_x"] = out["wan_bytes"] / self.total
         # CPU seconds of the epoch: the NeuralCache daemons, the shared tier's cluster
-        # (every process; it shares the machine's cores with the nodes here)
+        # (every process and its proxy; it shares the machine's cores with the nodes
+        # here), and the machine (busy cores x wall: os.cpu_count() x wall_s is all)
         out["daemon_cpu_s"] = round(c1[0] - c0[0], 2)
         out["tier_cpu_s"] = round(c1[1] - c0[1], 2)
+        out["machine_cpu_s"] = round(c1[3] - c0[3], 2)    # everyone's, all cores
         out["daemon_cpu_by_thread"] = {k: round(v - c0[2].get(k, 0.0), 2)
                                        for k, v in c1[2].items() if v - c0[2].get(k, 0.0) >= 0.01}
         if any(s1):
@@ -297,9 +299,10 @@ class Bench:
                 out["fault_error"] = fault["error"]
         return out
 
-    def _cpu(self, daemons: list[int]) -> tuple[float, float, dict]:
-        """CPU seconds so far of the daemons, of the cluster's live processes, and of
-        the daemons by thread group (summed over the daemons)."""
+    def _cpu(self, daemons: list[int]) -> tuple[float, float, dict, float]:
+        """CPU seconds so far of the daemons, of the cluster's live processes and its
+        proxy, of the daemons by thread group (summed over the daemons), and of the
+        whole machine."""
         def one(pid):
             try:
                 return cpu_seconds(pid)
@@ -313,7 +316,9 @@ class Bench:
             except OSError:
                 pass
         tier = [p.pid for p in self.cluster.procs.values()]
-        return sum(map(one, daemons)), sum(map(one, tier)), groups
+        if self.cluster.proxy is not None and self.cluster.proxy.proc is not None:
+            tier.append(self.cluster.proxy.proc.pid)    # its 1 ms proxy (a Python process)
+        return sum(map(one, daemons)), sum(map(one, tier)), groups, machine_busy()
 
     @staticmethod
     def _fault(fn, fault: dict) -> None:

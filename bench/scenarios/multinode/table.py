@@ -146,7 +146,9 @@ def table(r: dict) -> str:
         for name in ("without", "with"):
             lines.append(f"CPU-s {name}: " + ", ".join(
                 f"epoch {e['epoch']} daemons {e.get('daemon_cpu_s', 0):.2f} tier "
-                f"{e.get('tier_cpu_s', 0):.2f}" for e in r["epochs"][name]))
+                f"{e.get('tier_cpu_s', 0):.2f} machine {e.get('machine_cpu_s', 0):.2f} "
+                f"({e.get('machine_cpu_s', 0) / max(e['wall_s'], 1e-6):.2f} cores busy)"
+                for e in r["epochs"][name]))
         for e in r["epochs"]["with"]:
             if e.get("daemon_cpu_by_thread"):
                 lines.append(f"epoch {e['epoch']} daemons' CPU-s by thread: " + ", ".join(
