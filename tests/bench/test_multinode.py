@@ -65,7 +65,7 @@ def test_targets_met_and_missed():
                       "volume server killed mid-epoch",
                       "tier back: used again by itself",
                       "4 nodes load one checkpoint: each node's load time",
-                      "epoch 1, slowest node with the tier / without (issue 20)"}
+                      "epoch 1, slowest node, with / without the tier"}
 
 
 def test_tier_down_compares_with_the_nodes_without_the_tier():
@@ -95,7 +95,7 @@ def test_epochs_only_shows_the_epochs_and_the_tiers_counters():
     r["epochs"]["with"][0].update(shared_leases=40, shared_lease_waits=3)
     text = mn.table(r)
     assert "epoch 1: hits 5, leases 40, lease_waits 3" in text
-    assert "epoch 1, slowest node with the tier / without (issue 20): 0.95 (19.0 / 20.0" in text
+    assert "epoch 1, slowest node, with / without the tier: 0.95 (19.0 / 20.0" in text
     assert "checkpoint" not in text.split("dataset:")[1].split("\n", 1)[1]
     assert len(mn.targets(r)) == 3
     assert mn.rows(r)

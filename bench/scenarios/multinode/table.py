@@ -56,7 +56,7 @@ def targets(r: dict) -> list[dict]:
                 "value": f"{x:.2f} ({low or 0:.1f} / {link:.1f} MB/s)", "met": x >= TARGET_LINK_X})
     w1, wo1 = _low(ep["with"], (1,)), _low(ep["without"], (1,))
     if w1 is not None and wo1:
-        out.append({"measure": "epoch 1, slowest node with the tier / without (issue 20)",
+        out.append({"measure": "epoch 1, slowest node, with / without the tier",
                     "target": f">= {TARGET_FIRST_X}", "value": f"{w1 / wo1:.2f} ({w1:.1f} / "
                     f"{wo1:.1f} MB/s)", "met": w1 / wo1 >= TARGET_FIRST_X})
     if not f or not ck:              # --only epochs
