@@ -104,16 +104,36 @@ def test_planned_files_are_not_fetched_again():
     assert be.calls == []
 
 
-def test_a_warm_open_is_observed_but_plans_nothing():
+def test_a_warm_open_plans_nothing_and_is_observed_when_the_predictor_is_needed():
     """The kernel holds the file's pages: its read never reaches the daemon, so the
-    open teaches the predictor and costs no planning; the next cold open plans."""
+    open costs no planning and the predictor sees it only before it is next asked
+    (a third of the trio thread in a warm epoch was observing); the next cold open
+    gives it the warm opens in order, then its own, then plans."""
     ns, be, store, pf = setup([P("a", 0, 10, 1.0, 1.0, "hints")], [("a", 10)])
     seen = []
     pf.predictor.observe = seen.append
-    run(store, lambda: pf.on_open("elsewhere/x", 1, 1, warm=True))
-    assert be.calls == [] and [e.op for e in seen] == ["open"]
+    run(store, lambda: [pf.on_open(f"warm/{i}", 1, 1, warm=True) for i in range(3)])
+    assert be.calls == [] and seen == []
     run(store, lambda: pf.on_open("elsewhere/y", 1, 1))
+    assert [e.path for e in seen] == ["warm/0", "warm/1", "warm/2", "elsewhere/y"]
     assert be.calls == [("a", 0, 10)]
+
+
+def test_a_long_warm_stretch_keeps_only_its_last_opens():
+    """A warm epoch longer than the ring: the predictor is given the last
+    WARM_DEFER_MAX opens (the rest are counted as unseen), before a hint, a read or a
+    plan needs it."""
+    from neuralcache.ahead.prefetch import WARM_DEFER_MAX
+
+    ns, be, store, pf = setup([], [("a", 10)])
+    seen = []
+    pf.predictor.observe = seen.append
+    for i in range(WARM_DEFER_MAX + 5):
+        pf.on_open(f"warm/{i}", 1, 1, warm=True)
+    assert seen == [] and pf.warm_opens_dropped == 5
+    pf.on_read("a", 0, 10, 10, 1)
+    assert len(seen) == WARM_DEFER_MAX + 1 and seen[0].path == "warm/5"
+    assert seen[-1].op == "read"
 
 
 def test_a_predicted_file_on_disk_only_is_loaded_into_memory(tmp_path):

@@ -17,6 +17,7 @@ logged and dropped.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -86,6 +87,17 @@ CATALOG_EVERY_S = 2.0
 # the directories opened after the first halved the cold small-file rate (breakdown's
 # "files cold", 1000 files: 502 -> 240 files/s).
 CATALOG_CHEAP_FILES = 100_000
+# Opens the kernel serves from its page cache ("warm": no READ will reach the daemon)
+# are kept in a ring of this many and given to the predictor only when something needs
+# it: the next cold open, a read, a hint or a plan.  Observing was a third of the trio
+# thread's samples in a warm epoch (py-spy: EnsemblePredictor.observe 418 of 1,238 --
+# the successor, epoch and feature windows and the hint cursor -- at ~5,200 files/s),
+# and a warm open plans nothing.  A warm stretch longer than the ring loses its oldest
+# opens to the predictor, which then resynchronises on the next ones it sees (the hint
+# cursor finds the path in the order; a working set missing a few reads prefetches a
+# few files again, within the byte budgets).  1,024 opens is ~0.2 s of a warm epoch
+# at 5,000 files/s and ~25 ms of observing when a cold open flushes them.
+WARM_DEFER_MAX = 1024
 
 
 class Rate:
@@ -115,6 +127,10 @@ class Prefetcher:
         self._reads = 0
         self.hints_set = 0
         self.rate = Rate()
+        # warm opens not yet given to the predictor (WARM_DEFER_MAX), and how many
+        # fell off the ring unseen
+        self._deferred: collections.deque = collections.deque(maxlen=WARM_DEFER_MAX)
+        self.warm_opens_dropped = 0
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
@@ -193,15 +209,19 @@ class Prefetcher:
     def on_open(self, key: str, size: int, pid: int, parent: int | None = None,
                 warm: bool = False) -> None:
         """An open; ``warm``: the kernel already holds the file's pages (its read will
-        not reach the daemon), so the predictor learns from it but nothing is planned
-        on it (planning was 18 % of the daemon's samples in a warm epoch, py-spy).
-        Reads and cold opens still plan."""
+        not reach the daemon), so nothing is planned on it (planning was 18 % of the
+        daemon's samples in a warm epoch, py-spy) and the predictor learns from it only
+        when something next needs the predictor (WARM_DEFER_MAX).  Reads and cold opens
+        still plan."""
         if parent is not None:
             self._catalog_dir(parent)
+        if warm:                  # the predictor sees it when something needs it
+            if len(self._deferred) == WARM_DEFER_MAX:
+                self.warm_opens_dropped += 1
+            self._deferred.append(Event(time.monotonic(), "open", key, 0, 0, pid, size))
+            return
         self._rebuild_catalog()
         self._observe("open", key, 0, 0, pid, size)
-        if warm:
-            return
         if self.enabled:
             self._warm_siblings(key)
         self._pump()
@@ -247,9 +267,23 @@ class Prefetcher:
             self._pump()
 
     def _observe(self, *ev) -> None:
+        self._flush_deferred()
         try:
             self.predictor.observe(Event(time.monotonic(), *ev))
         except Exception:
+            log.exception("predictor failed to observe an event; prefetch disabled")
+            self.enabled = False
+
+    def _flush_deferred(self) -> None:
+        """Give the predictor the warm opens it has not seen yet, in order."""
+        if not self._deferred:
+            return
+        self._rebuild_catalog()
+        try:
+            while self._deferred:
+                self.predictor.observe(self._deferred.popleft())
+        except Exception:
+            self._deferred.clear()
             log.exception("predictor failed to observe an event; prefetch disabled")
             self.enabled = False
 
@@ -257,6 +291,7 @@ class Prefetcher:
     def set_hints(self, paths) -> int:
         """Install an upcoming order: a list of paths, or a predictors.order.PackedOrder
         (the control file's); an empty one clears the hints."""
+        self._flush_deferred()
         try:
             if len(paths):
                 self.predictor.set_hints(paths)
@@ -289,6 +324,7 @@ class Prefetcher:
         floor = self.inflight_target()
         if inflight >= max(floor, self._last_target) or unread >= self.budget:
             return      # budgets full: not even worth asking the predictor
+        self._flush_deferred()
         try:
             preds = self.predictor.predict(MAX_PREDICTIONS)
         except Exception:
