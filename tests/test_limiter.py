@@ -135,3 +135,48 @@ def test_no_stale_entries_left_once_nobody_waits():
         assert L.waiting == 0 and L._heap == []
 
     trio.run(main)
+
+
+def test_bytes_in_flight_are_bounded_and_some_kept_for_demand():
+    """Many slots for small requests, few for large ones: a request starts when its
+    bytes fit under the cap (or nothing else is in flight); speculative requests leave
+    ``reserved_bytes`` to demand; a release returns its ticket's bytes; a cancelled
+    waiter takes none."""
+    MB = 1 << 20
+
+    async def main():
+        L = lim.PriorityLimiter(total=100, reserved_for_demand=1, byte_cap=32 * MB,
+                                reserved_bytes=8 * MB)
+        small = [L.ticket(lim.PREFETCH, 100_000) for _ in range(50)]
+        for t in small:                                   # 5 MB: all fit
+            await L.acquire(t)
+        big = L.ticket(lim.PREFETCH, 20 * MB)             # 25 MB > 24 MB for speculation
+        demand = L.ticket(lim.DEMAND, 20 * MB)            # 25 MB <= 32 MB
+        async with trio.open_nursery() as n:
+            n.start_soon(L.acquire, big)
+            await trio.sleep(0.01)
+            assert not big.granted and L.busy_bytes == 50 * 100_000
+            with trio.move_on_after(0.05):
+                await L.acquire(demand)
+            assert demand.granted and L.busy_bytes == 50 * 100_000 + 20 * MB
+            L.release(demand)
+            assert not big.granted                        # still 5 MB + 20 MB > 24 MB
+            for t in small:
+                L.release(t)
+            await trio.sleep(0.01)
+            assert big.granted and L.busy == 1 and L.busy_bytes == 20 * MB
+        huge = L.ticket(lim.PREFETCH, 64 * MB)            # larger than the cap
+        gone = L.ticket(lim.PREFETCH, 1 * MB)
+        async with trio.open_nursery() as n:
+            n.start_soon(L.acquire, huge)
+            await trio.sleep(0.01)                        # huge waits: 20 + 64 MB
+            with trio.move_on_after(0.02):
+                await L.acquire(gone)                     # queued behind huge: cancelled
+            assert not gone.granted
+            L.release(big)                                # nothing else in flight: huge starts
+            await trio.sleep(0.01)
+            assert huge.granted and L.busy_bytes == 64 * MB
+        L.release(huge)
+        assert L.busy == 0 and L.busy_bytes == 0 and L.waiting == 0
+
+    trio.run(main)

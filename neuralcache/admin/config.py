@@ -150,7 +150,7 @@ OPTIONS: dict[str, tuple] = {
     "block_size": (lambda v: parse_size(v, "block size"),
                    "ranged GET and cache block size (default 8M)"),
     "concurrency": (_number("concurrency", int, 1, "a whole number"),
-                    "backend requests in flight (default 64)"),
+                    f"backend requests in flight (default {DEFAULT_CONCURRENCY})"),
     "readahead": (_bool, "sequential read-ahead within files: on|off (default on)"),
     "readahead_size": (lambda v: parse_size(v, "read-ahead size"),
                        "largest read-ahead window per open file (default 64M)"),

@@ -37,8 +37,19 @@ log = logging.getLogger(__name__)
 DEFAULT_BLOCK_SIZE = 8 << 20
 # Backend requests in flight.  Little's law: requests in flight = request rate x
 # latency.  Large objects: 300 MB/s x 60 ms = 18 MB, 3 blocks of 8 MiB.  Small files
-# are the hard case: 100 KB samples at 1,000 files/s x ~65 ms per GET = 65 in flight.
-DEFAULT_CONCURRENCY = 64
+# are the hard case: 100 KB samples at 1,000 files/s x ~65 ms per GET = 65 in flight
+# -- but a GET through a busy 60 ms link takes ~110-130 ms, and 64 held the cold
+# `samples` epoch at ~500 files/s.  128: `python -m bench run --scenario
+# samples,train-files` in alternating pairs, cold samples 482 / 469 / 481 / 484 / 506 ->
+# 576 / 555 / 606 / 584 / 561 files/s, train-files epoch 1 with hints 591 / 580 -> 682 /
+# 672 samples/s (bench/RESULTS.md).  The bytes in flight are bounded separately
+# (MAX_INFLIGHT_BYTES), so large blocks do not get twice the memory.
+DEFAULT_CONCURRENCY = 128
+# Bytes of backend requests in flight, at most (a request starts anyway when nothing
+# else is in flight): what 64 requests of the default 8 MiB block could hold, the
+# bound before DEFAULT_CONCURRENCY went to 128.  MAX_INFLIGHT_BYTES // 8 of it is kept
+# for demand reads, like DEFAULT_RESERVED_FOR_DEMAND's slots (8 blocks of 8 MiB).
+MAX_INFLIGHT_BYTES = 512 << 20
 # Slots only demand reads may use, so that speculative work never blocks a reader
 # (8 = one per DataLoader worker of a typical job).
 DEFAULT_RESERVED_FOR_DEMAND = 8
@@ -109,7 +120,9 @@ class BlockStore:
         self.stats = stats
         self.block_size = block_size
         self.hedge_max_s = hedge_max_s
-        self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1))
+        self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1),
+                                           byte_cap=MAX_INFLIGHT_BYTES,
+                                           reserved_bytes=MAX_INFLIGHT_BYTES // 8)
         self._backend_threads = trio.CapacityLimiter(concurrency)
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
         self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
@@ -373,7 +386,8 @@ class BlockStore:
                            length: int) -> bytes:
         st = self.stats
         data = None
-        flight.ticket = self.limiter.ticket(lim.DEMAND if flight.joined else flight.kind)
+        flight.ticket = self.limiter.ticket(lim.DEMAND if flight.joined else flight.kind,
+                                            length)
         try:
             await self.limiter.acquire(flight.ticket)
             t0 = time.monotonic()
@@ -383,7 +397,7 @@ class BlockStore:
                 st.record_backend(time.monotonic() - t0, 0, ok=False)
                 raise
             finally:
-                self.limiter.release()
+                self.limiter.release(flight.ticket)
         finally:
             if self.shared is not None:
                 self.shared.fetched(bk, data)   # write-through, or drop our lease
