@@ -38,8 +38,8 @@ DEFAULT_BLOCK_SIZE = 8 << 20
 # Backend requests in flight.  Little's law: requests in flight = request rate x
 # latency.  Large objects: 300 MB/s x 60 ms = 18 MB, 3 blocks of 8 MiB.  Small files
 # are the hard case: 100 KB samples at 1,000 files/s x ~65 ms per GET = 65 in flight
-# -- but a GET through a busy 60 ms link takes ~110-130 ms, and 64 held the cold
-# `samples` epoch at ~500 files/s.  128: `python -m bench run --scenario
+# -- but 64 held the cold `samples` epoch at ~500 files/s: ~125 ms per GET through
+# the busy 60 ms link (Little's law).  128: `python -m bench run --scenario
 # samples,train-files` in alternating pairs, cold samples 482 / 469 / 481 / 484 / 506 ->
 # 576 / 555 / 606 / 584 / 561 files/s, train-files epoch 1 with hints 591 / 580 -> 682 /
 # 672 samples/s (bench/RESULTS.md).  The bytes in flight are bounded separately
