@@ -130,7 +130,7 @@ def test_a_long_warm_stretch_keeps_only_its_last_opens():
     pf.predictor.observe = seen.append
     for i in range(WARM_DEFER_MAX + 5):
         pf.on_open(f"warm/{i}", 1, 1, warm=True)
-    assert seen == [] and pf.warm_opens_dropped == 5
+    assert seen == [] and pf.warm_opens_unseen == 5
     pf.on_read("a", 0, 10, 10, 1)
     assert len(seen) == WARM_DEFER_MAX + 1 and seen[0].path == "warm/5"
     assert seen[-1].op == "read"

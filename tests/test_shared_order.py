@@ -66,8 +66,8 @@ def store_block(t: sh.SharedTier, b: SlowBucket, bk: BlockKey, data: bytes) -> N
 def test_a_cold_miss_is_one_request_the_claim():
     """A cold tier (the first epoch: nearly every lookup misses): the claim at the
     block's name goes out alone, so a miss costs one request before the origin fetch
-    (layout nc1 sent a GET and a lease PUT: two requests per miss, each ~1 ms of the
-    daemon's CPU and more of the tier's in the bench's first epoch)."""
+    (layout nc1 sent a GET and a lease PUT: two requests per miss; `python -m
+    bench.micro shared-requests` has what each costs)."""
     b = SlowBucket()
 
     async def main():

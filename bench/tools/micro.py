@@ -27,6 +27,16 @@
         CPU per file in the daemon's prefetch path (Prefetcher + default predictor +
         BlockStore + limiter, fake zero-latency backend) for the maze bench's pattern:
         250-byte files opened in a hinted shuffled order by 4 workers.
+    python -m bench.micro warm-opens [--files 3000] [--opens 30000]
+        CPU per open the kernel serves from its page cache (``on_open(warm=True)``)
+        in the prefetch path with the default predictor: deferred (the ring of
+        WARM_DEFER_MAX, as the daemon does) against observed at once (each open
+        handed to the predictor on the spot, as before).  No kernel, no backend.
+    python -m bench.micro shared-requests [--n 400]
+        The shared tier's requests (store/sharedobj.py SharedBucket) against an
+        embedded single-process SeaweedFS: the client's CPU and the server's CPU per
+        GET of a missing block, claim (create-only PUT: won, refused), GET of a claim,
+        PUT and GET of a 1 MiB block -- what a cold block costs each side.
     python -m bench.micro fresh-memory [--gib 1] [--rounds 3]
         CPU of filling and keeping --gib of 8 MiB blocks read from a file (as the disk
         cache's blocks are kept by the memory tier) into fresh huge-page buffers
@@ -391,6 +401,60 @@ def prefetch_cpu(n_files: int, n_opens: int) -> None:
     trio.run(main)
 
 
+def warm_opens(n_files: int, n_opens: int) -> None:
+    from neuralcache.store.blocks import BlockStore
+    from neuralcache.store.tiers import MemoryTier
+    from neuralcache.namespace import Namespace
+    from neuralcache.ahead.prefetch import Prefetcher
+    from neuralcache.stats import Stats
+    from predictors.ensemble import make_default_predictor
+
+    keys = [f"samples/{i % 10}/{i:06d}.bin" for i in range(n_files)]
+    ns = Namespace()
+    for k in keys:
+        ns.put_file(k, 100_000, "v", 0.0)
+
+    def run(at_once: bool) -> float:
+        pf = Prefetcher(ns, BlockStore(None, MemoryTier(1 << 20), None, Stats()),
+                        make_default_predictor([(k, 100_000) for k in sorted(keys)]),
+                        budget_bytes=1 << 20)
+        c0 = time.process_time()
+        for j in range(n_opens):
+            pf.on_open(keys[(j * 7919) % n_files], 100_000, 100 + j % 8, warm=True)
+            if at_once:
+                pf._flush_deferred()
+        return (time.process_time() - c0) / n_opens * 1e6
+
+    for rnd in (1, 2):
+        print(f"round {rnd}: warm open, predictor observes at once {run(True):6.1f} us CPU, "
+              f"deferred {run(False):6.1f} us CPU ({n_opens} opens of {n_files} files)")
+
+
+def shared_requests(n: int) -> None:
+    from bench.servers.seaweed import SeaweedServer
+    from bench.systems.cpu import cpu_seconds
+    from neuralcache.store.sharedobj import SharedBucket, claim
+
+    with SeaweedServer(tempfile.mkdtemp(prefix="nc-micro-")) as sw:
+        sw.client().create_bucket(Bucket="micro")
+        os.environ.update(sw.env())
+        b = SharedBucket("micro", "p", endpoint_url=sw.endpoint)
+        body, small = os.urandom(MB), claim("node", time.time(), False)
+        kinds = [("GET of a missing block", n, lambda i: b.get(f"none/{i}")),
+                 ("claim won (create-only PUT)", n, lambda i: b.put(f"c/{i}", small, True)),
+                 ("claim refused (412)", n, lambda i: b.put(f"c/{i}", small, True)),
+                 ("GET of a claim", n, lambda i: b.get(f"c/{i}")),
+                 ("PUT of a 1 MiB block", n // 4, lambda i: b.put(f"b/{i}", body)),
+                 ("GET of a 1 MiB block", n // 4, lambda i: b.get(f"b/{i}"))]
+        for name, k, fn in kinds:
+            s0, c0, t0 = cpu_seconds(sw.proc.pid), _cpu(), time.perf_counter()
+            for i in range(k):
+                fn(i)
+            s1, c1, t1 = cpu_seconds(sw.proc.pid), _cpu(), time.perf_counter()
+            print(f"{name:30} client {(c1 - c0) / k * 1e3:5.2f} ms CPU, SeaweedFS "
+                  f"{(s1 - s0) / k * 1e3:5.2f} ms CPU, {(t1 - t0) / k * 1e3:5.2f} ms wall")
+
+
 def fresh_memory(gib: float, rounds: int) -> None:
     import mmap
 
@@ -520,6 +584,11 @@ def main(argv=None) -> int:
     pc = sub.add_parser("prefetch-cpu")
     pc.add_argument("--files", type=int, default=32_768)
     pc.add_argument("--opens", type=int, default=3000)
+    wo = sub.add_parser("warm-opens")
+    wo.add_argument("--files", type=int, default=3000)
+    wo.add_argument("--opens", type=int, default=30_000)
+    sr = sub.add_parser("shared-requests")
+    sr.add_argument("--n", type=int, default=400)
     fm = sub.add_parser("fresh-memory")
     fm.add_argument("--gib", type=float, default=1.0)
     fm.add_argument("--rounds", type=int, default=3)
@@ -544,6 +613,10 @@ def main(argv=None) -> int:
     elif a.what == "get-big":
         get_big(a.gib, [int(k) for k in a.inflight.split(",")], a.rtt_ms, a.rounds,
                 [c for c in a.clients.split(",") if c] or None)
+    elif a.what == "warm-opens":
+        warm_opens(a.files, a.opens)
+    elif a.what == "shared-requests":
+        shared_requests(a.n)
     elif a.what == "prefetch-cpu":
         prefetch_cpu(a.files, a.opens)
     else:

@@ -90,9 +90,12 @@ CATALOG_CHEAP_FILES = 100_000
 # Opens the kernel serves from its page cache ("warm": no READ will reach the daemon)
 # are kept in a ring of this many and given to the predictor only when something needs
 # it: the next cold open, a read, a hint or a plan.  Observing was a third of the trio
-# thread's samples in a warm epoch (py-spy: EnsemblePredictor.observe 418 of 1,238 --
-# the successor, epoch and feature windows and the hint cursor -- at ~5,200 files/s),
-# and a warm open plans nothing.  A warm stretch longer than the ring loses its oldest
+# thread's samples in a warm epoch (py-spy record --gil on the daemon during 8 s of
+# warm re-reads of 3,000 x 100 KB files by 8 threads: EnsemblePredictor.observe 418 of
+# 1,238 -- the successor, epoch and feature windows and the hint cursor), and a warm
+# open plans nothing.  `python -m bench.micro warm-opens`: 15.6 -> 1.1 us of CPU per
+# warm open in the prefetch path alone; `python -m bench.breakdown` pairs: 0.155 ->
+# 0.105 ms of daemon CPU per warm file (bench/RESULTS.md).  A warm stretch longer than the ring loses its oldest
 # opens to the predictor, which then resynchronises on the next ones it sees (the hint
 # cursor finds the path in the order; a working set missing a few reads prefetches a
 # few files again, within the byte budgets).  1,024 opens is ~0.2 s of a warm epoch
@@ -130,7 +133,7 @@ class Prefetcher:
         # warm opens not yet given to the predictor (WARM_DEFER_MAX), and how many
         # fell off the ring unseen
         self._deferred: collections.deque = collections.deque(maxlen=WARM_DEFER_MAX)
-        self.warm_opens_dropped = 0
+        self.warm_opens_unseen = 0
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
@@ -217,7 +220,7 @@ class Prefetcher:
             self._catalog_dir(parent)
         if warm:                  # the predictor sees it when something needs it
             if len(self._deferred) == WARM_DEFER_MAX:
-                self.warm_opens_dropped += 1
+                self.warm_opens_unseen += 1
             self._deferred.append(Event(time.monotonic(), "open", key, 0, 0, pid, size))
             return
         self._rebuild_catalog()

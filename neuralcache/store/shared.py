@@ -181,8 +181,8 @@ CLAIM_STALE_S = 60.0
 # hit is one request, a miss two in a row before the origin fetch: 0.08-0.4 s per block
 # in the bench's first epoch).  Cold tier: the claim first (a miss is one request, a hit
 # two: the claim's 412, then the GET; layout nc1 sent a GET and a lease PUT at once,
-# two requests per miss -- in the bench's first epoch each request cost the daemon
-# ~1 ms of CPU and the tier cluster ~0.5-1.5 ms, on the cores the nodes read with).
+# two requests per miss -- `python -m bench.micro shared-requests`: a GET that misses
+# costs the client ~0.5 ms of CPU and a SeaweedFS ~0.6 ms, a claim ~0.6 and ~2 ms).
 # Cold: fewer than COLD_HIT_RATE of the last
 # COLD_WINDOW lookups hit (half: there the two orders cost the same; 32 lookups are a
 # few read-ahead windows, so the order follows an epoch boundary within a second), or

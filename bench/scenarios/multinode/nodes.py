@@ -280,14 +280,14 @@ class Bench:
                "min_mbps": min(mbps), "mean_mbps": sum(mbps) / n, "node_mbps": mbps,
                "node_bytes": [x["bytes"] for x in res], "node_s": [x["seconds"] for x in res]}
         out["wan_x"] = out["wan_bytes"] / self.total
-        # CPU seconds of the epoch: the NeuralCache daemons, the shared tier's cluster
-        # (every process and its proxy; it shares the machine's cores with the nodes
-        # here), and the machine (busy cores x wall: os.cpu_count() x wall_s is all)
-        out["daemon_cpu_s"] = round(c1[0] - c0[0], 2)
-        out["tier_cpu_s"] = round(c1[1] - c0[1], 2)
-        out["machine_cpu_s"] = round(c1[3] - c0[3], 2)    # everyone's, all cores
-        out["daemon_cpu_by_thread"] = {k: round(v - c0[2].get(k, 0.0), 2)
-                                       for k, v in c1[2].items() if v - c0[2].get(k, 0.0) >= 0.01}
+        # CPU seconds of the epoch: the NeuralCache daemons (also by thread group), the
+        # shared tier's cluster (every process and its proxy; it shares the machine's
+        # cores with the nodes here), and the machine (os.cpu_count() x wall_s is all)
+        for k in ("daemon", "tier", "machine"):
+            out[f"{k}_cpu_s"] = round(c1[k] - c0[k], 2)
+        out["daemon_cpu_by_thread"] = {
+            k: round(v - c0["threads"].get(k, 0.0), 2) for k, v in c1["threads"].items()
+            if v - c0["threads"].get(k, 0.0) >= 0.01}
         if any(s1):
             out.update({k: round(sum(b.get(k, 0) - a.get(k, 0) for a, b in zip(s0, s1)), 3)
                         for k in DELTAS})
@@ -299,10 +299,10 @@ class Bench:
                 out["fault_error"] = fault["error"]
         return out
 
-    def _cpu(self, daemons: list[int]) -> tuple[float, float, dict, float]:
-        """CPU seconds so far of the daemons, of the cluster's live processes and its
-        proxy, of the daemons by thread group (summed over the daemons), and of the
-        whole machine."""
+    def _cpu(self, daemons: list[int]) -> dict:
+        """CPU seconds so far: "daemon" (the daemons), "tier" (the cluster's live
+        processes and its proxy), "machine" (every core), "threads" (the daemons' by
+        thread group, summed over the daemons)."""
         def one(pid):
             try:
                 return cpu_seconds(pid)
@@ -318,7 +318,8 @@ class Bench:
         tier = [p.pid for p in self.cluster.procs.values()]
         if self.cluster.proxy is not None and self.cluster.proxy.proc is not None:
             tier.append(self.cluster.proxy.proc.pid)    # its 1 ms proxy (a Python process)
-        return sum(map(one, daemons)), sum(map(one, tier)), groups, machine_busy()
+        return {"daemon": sum(map(one, daemons)), "tier": sum(map(one, tier)),
+                "machine": machine_busy(), "threads": groups}
 
     @staticmethod
     def _fault(fn, fault: dict) -> None:
