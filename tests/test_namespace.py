@@ -222,6 +222,31 @@ def test_idle_directories_are_evicted_unless_held():
     run(be, body)
 
 
+def test_recent_nodes_are_found_without_the_table_and_never_outlive_their_rows():
+    """Namespace._recent: a node used lately is found by inode without a query, and an
+    evicted listing's rows take their cached nodes with them (a later get by inode
+    finds nothing, not a stale node)."""
+    be = TreeBackend({"a/1": 1, "a/2": 2, "b/1": 1})
+
+    async def body(ns, lister):
+        f = await walk(ns, lister, "b/1")
+        ino, obj_id = f.inode, id(f)
+        del f
+        gc.collect()                                 # no strong reference but the cache
+        queries = []
+        real_get = ns.rows.get
+        ns.rows.get = lambda i: queries.append(i) or real_get(i)
+        assert id(ns.get(ino)) == obj_id and queries == []
+        ns.rows.get = real_get
+        await trio.sleep(0.1)                        # the listings' tasks end
+        assert await lister.evict_idle(time.monotonic() + 1) == 1
+        gc.collect()
+        assert ns.get(ino) is None
+        assert (await walk(ns, lister, "b/1")).inode != ino            # listed again
+
+    run(be, body)
+
+
 def test_inodes_are_stable_and_counts_follow_forget():
     be = TreeBackend({"d/f1": 1, "d/f2": 1})
 
