@@ -40,11 +40,11 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 # Inodes below this are reserved for the control directory and its files.
 FIRST_FREE_INODE = 16
-# Nodes kept in memory after their last use (an LRU of strong references beside the
-# weak ``_live`` map): a cold small file's lookup, open and the prefetcher's resolve
-# of it, and resolve's directory, found each Node by a table query on the trio
-# thread (py-spy of bench.breakdown's cold files: Namespace.get 7.7 % of its samples,
-# nearly all in sqlite).  ~200 bytes each: 4,096 cost ~1 MB.  Only what the table
+# Nodes kept in memory after their last use, by inode and by (parent, name) (LRUs of
+# strong references beside the weak ``_live`` map): a cold small file's lookup, open
+# and the prefetcher's resolve of it, and resolve's directory, found each Node by a
+# table query on the trio thread (py-spy of bench.breakdown's cold files:
+# Namespace.get 7.7 % of its samples, then Namespace.child 9.5 %, nearly all sqlite).  ~200 bytes each: 4,096 cost ~1 MB.  Only what the table
 # already says is kept: every change of a row goes through its Node, and the rows a
 # listing eviction deletes are dropped here too (evict_listing).
 RECENT_NODES = 4096
@@ -125,6 +125,7 @@ class Namespace:
         self.rows = Rows(db_path, cache_bytes)
         self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
         self._recent = lru.LRU(RECENT_NODES)    # inode -> Node (RECENT_NODES)
+        self._names = lru.LRU(RECENT_NODES)     # (parent inode, name) -> Node, the same
         now = time.time()
         self.rows.insert([(ROOT_INODE, 0, "", 1, 0, now, "", 0.0, 0.0, 0)])   # parent 0: none
         self.dirs: dict[int, DirState] = {ROOT_INODE: DirState("")}
@@ -143,6 +144,7 @@ class Namespace:
             n = Node(self, row)
             self._live[row.ino] = n
         self._recent[row.ino] = n
+        self._names[(row.parent, row.name)] = n
         return n
 
     def get(self, inode: int) -> Node | None:
@@ -161,6 +163,11 @@ class Namespace:
         return self.get(ROOT_INODE)
 
     def child(self, parent: int, name: str) -> Node | None:
+        n = self._names.get((parent, name))
+        # a cached name is only believed while its Node still says so: a move, a
+        # removal or a new entry of that name each change or replace the Node
+        if n is not None and n._parent == parent and n._name == name and not n._removed:
+            return n
         row = self.rows.child(parent, name)
         return self._node(row) if row else None
 
@@ -315,9 +322,10 @@ class Namespace:
             self.dirs.pop(sub, None)
         self._dirs_changed()
         self.rows.delete_unheld_children(dir_inode)
-        for ino, node in self._recent.items():  # their Nodes must not outlive the rows
-            if node._parent == dir_inode and self.rows.get(ino) is None:
-                del self._recent[ino]
+        for cache in (self._recent, self._names):   # their Nodes must not outlive the rows
+            for k, node in cache.items():
+                if node._parent == dir_inode and self.rows.get(node.inode) is None:
+                    del cache[k]
         self.files -= n
         self.total_bytes -= int(nbytes)
         d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0
@@ -395,8 +403,10 @@ class Namespace:
 
     def _delete(self, inode: int, is_dir: bool) -> None:
         self.rows.delete(inode)
-        self._live.pop(inode, None)
+        n = self._live.pop(inode, None)
         self._recent.pop(inode, None)
+        if n is not None:
+            self._names.pop((n._parent, n._name), None)
         if is_dir:
             self.dirs.pop(inode, None)
             self._dirs_changed()

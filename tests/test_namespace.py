@@ -298,18 +298,22 @@ def test_a_move_beside_an_entry_with_the_old_name():
 
 
 def test_resolve_remembers_directories_and_forgets_them_when_they_move_or_go():
-    """A predicted path in a directory resolved before costs one table query; a move,
-    a removal or an eviction of a directory never leaves a stale answer."""
+    """A predicted path in a directory resolved before costs one table query (none
+    for a name used lately); a move, a removal or an eviction of a directory never
+    leaves a stale answer."""
     ns = Namespace()
     try:
         x = ns.put_file("a/b/x", 1, "v1", 1.0).inode
         y = ns.put_file("a/b/y", 2, "v2", 1.0).inode
+        ns._recent.clear()
+        ns._names.clear()
         queries = []
         child = ns.rows.child
         ns.rows.child = lambda *a: (queries.append(a), child(*a))[1]
         assert ns.resolve("a/b/x")[0].inode == x and len(queries) == 3
         assert ns.resolve("a/b/y")[0].inode == y and len(queries) == 4
         assert ns.resolve("a/b/z") == (None, None) and len(queries) == 5
+        assert ns.resolve("a/b/x")[0].inode == x and len(queries) == 5
         ns.move(ns.by_path("a/b"), ns.by_path("a"), "c")          # a/b -> a/c
         assert ns.resolve("a/b/x") == (None, None)
         assert ns.resolve("a/c/x")[0].inode == x
