@@ -57,6 +57,8 @@ GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.
 PARTS = ("fetch", "disk_write", "disk_read", "checksum", "ahead", "loop_other",
          "worker_other")
+# Bytes the WAN emulator must carry in a workload for its CPU per GiB to be shown.
+WAN_RATE_MIN_BYTES = 1 << 20
 OPS = ("lookup", "getattr", "open", "read", "flush", "release")
 # What the prefetcher did in a workload (the daemon's stats; deltas).
 PREFETCH_STATS = ("prefetch_bytes_fetched", "prefetch_bytes_used", "readahead_bytes_fetched",
@@ -133,10 +135,13 @@ def report(rows: dict) -> str:
                 else f"{r['files'] / r['seconds']:7.0f} files/s")
         total = r["cpu"].get("total", 0.0)
         cells = " ".join(f"{r['cpu'].get(p, 0.0) / per * scale:12.3f}" for p in PARTS)
-        wan = r["proxy_cpu"] / max(r["bytes_fetched"], 1) * GIB
+        # the emulator's CPU per GiB it carried; "-" when it carried next to nothing
+        # (a workload served from the cache: its idle CPU over a few KiB is no rate)
+        wan = (f"{r['proxy_cpu'] / r['bytes_fetched'] * GIB:6.2f}"
+               if r["bytes_fetched"] >= WAN_RATE_MIN_BYTES else f"{'-':>6}")
         lines.append(f"{name:14} {rate:>14} {total:7.2f} "
                      f"{total / per * scale:7.3f} {'s/GiB' if big else 'ms/f':>3}  {cells}"
-                     f" {wan:6.2f} s/GiB {r.get('minor_faults', 0) / per:9.0f}")
+                     f" {wan} s/GiB {r.get('minor_faults', 0) / per:9.0f}")
     lines.append("parts: CPU-s per GiB (bigfile) or CPU-ms per file (files); disk_write/"
                  "disk_read include checksum; WAN emu = the emulator's CPU per GiB it carried; "
                  "faults = the daemon's minor page faults per GiB or per file")
