@@ -261,6 +261,11 @@ def _save_rows(ctx, m: Mounted, payload: Payload) -> list[dict]:
         def save():
             with open(path, "wb") as f:
                 return payload.save(f)
+    # Every save starts with nothing dirty on the machine: the system before it (and
+    # SeaweedFS storing its upload) can leave a GiB of dirty pages whose writeback
+    # throttles this save (the kernel's dirty limits), which made close() times depend
+    # on the order of the systems (bench/RESULTS.md, "Round 2, seventh sitting").
+    os.sync()
     # durable counts from the start of the save to the end of the wait, including the
     # harness's own moment between the two measurements (uploads go on meanwhile), and
     # every byte the link carried in that span
