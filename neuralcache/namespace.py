@@ -44,9 +44,10 @@ FIRST_FREE_INODE = 16
 # strong references beside the weak ``_live`` map): a cold small file's lookup, open
 # and the prefetcher's resolve of it, and resolve's directory, found each Node by a
 # table query on the trio thread (py-spy of bench.breakdown's cold files:
-# Namespace.get 7.7 % of its samples, then Namespace.child 9.5 %, nearly all sqlite).  ~200 bytes each: 4,096 cost ~1 MB.  Only what the table
-# already says is kept: every change of a row goes through its Node, and the rows a
-# listing eviction deletes are dropped here too (evict_listing).
+# Namespace.get 7.7 % of its samples, then Namespace.child 9.5 %, nearly all sqlite).
+# ~200 bytes each: 4,096 cost ~1 MB.  Only what the table already says is kept: every
+# change of a row goes through its Node, and the rows a listing eviction deletes are
+# dropped here too (evict_listing).  bench/RESULTS.md "Round 2, seventh sitting".
 RECENT_NODES = 4096
 # Directory paths ``resolve`` remembers (path -> inode, ~150 bytes each): ImageNet's
 # train/ has 1,000 class directories; past this, paths are walked from the root.
