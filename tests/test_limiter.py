@@ -16,7 +16,7 @@ def test_demand_goes_before_queued_prefetch_and_reserve_holds():
             await L.acquire(t)
             order.append(name)
             await hold.wait()
-            L.release()
+            L.release(t)
 
         async with trio.open_nursery() as n:
             n.start_soon(job, "p1", lim.PREFETCH)
@@ -52,8 +52,8 @@ def test_raise_priority_lets_waiter_through():
             L.raise_priority(t2, lim.DEMAND)
             await trio.sleep(0.01)
             assert got == [1]
-            L.release()
-            L.release()
+            L.release(t1)
+            L.release(t2)
         assert L.busy == 0
 
     trio.run(main)
@@ -67,7 +67,7 @@ def test_cancelled_waiter_leaves_no_slot_behind():
         with trio.move_on_after(0.01):
             await L.acquire(L.ticket(lim.DEMAND))
         assert L.waiting == 0
-        L.release()
+        L.release(t1)
         assert L.busy == 0
 
     trio.run(main)
@@ -91,7 +91,7 @@ def test_many_waiters_go_in_priority_then_arrival_order():
                 task_status.started()
                 await L.acquire(t)
                 order.append(i)
-                L.release()
+                L.release(t)
 
         async with trio.open_nursery() as n:
             for i in range(1000):
@@ -103,7 +103,7 @@ def test_many_waiters_go_in_priority_then_arrival_order():
             for i in range(0, 1000, 10):
                 L.raise_priority(tickets[i], lim.DEMAND)
             await trio.sleep(0.01)
-            L.release()
+            L.release(first)
         live = [i for i in range(1000) if i % 7]
         prio = {i: (lim.DEMAND if i % 10 == 0 else (lim.PREFETCH, lim.READAHEAD)[i % 2])
                 for i in live}
@@ -116,14 +116,15 @@ def test_many_waiters_go_in_priority_then_arrival_order():
 def test_no_stale_entries_left_once_nobody_waits():
     async def main():
         L = lim.PriorityLimiter(total=1, reserved_for_demand=0)
-        await L.acquire(L.ticket(lim.DEMAND))
+        first = L.ticket(lim.DEMAND)
+        await L.acquire(first)
         waiters = []
 
         async def job(prio):
             t = L.ticket(prio)
             waiters.append(t)
             await L.acquire(t)
-            L.release()
+            L.release(t)
 
         async with trio.open_nursery() as n:
             for _ in range(5):
@@ -131,7 +132,7 @@ def test_no_stale_entries_left_once_nobody_waits():
             await trio.sleep(0.01)
             for t in waiters:
                 L.raise_priority(t, lim.READAHEAD)    # each leaves a stale entry
-            L.release()
+            L.release(first)
         assert L.waiting == 0 and L._heap == []
 
     trio.run(main)

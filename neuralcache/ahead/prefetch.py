@@ -95,11 +95,12 @@ CATALOG_CHEAP_FILES = 100_000
 # 1,238 -- the successor, epoch and feature windows and the hint cursor), and a warm
 # open plans nothing.  `python -m bench.micro warm-opens`: 15.6 -> 1.1 us of CPU per
 # warm open in the prefetch path alone; `python -m bench.breakdown` pairs: 0.155 ->
-# 0.105 ms of daemon CPU per warm file (bench/RESULTS.md).  A warm stretch longer than the ring loses its oldest
-# opens to the predictor, which then resynchronises on the next ones it sees (the hint
-# cursor finds the path in the order; a working set missing a few reads prefetches a
-# few files again, within the byte budgets).  1,024 opens is ~0.2 s of a warm epoch
-# at 5,000 files/s and ~25 ms of observing when a cold open flushes them.
+# 0.105 ms of daemon CPU per warm file (bench/RESULTS.md).  A warm stretch longer than
+# the ring loses its oldest opens to the predictor, which then resynchronises on the
+# next ones it sees (the hint cursor finds the path in the order; a working set
+# missing a few reads prefetches a few files again, within the byte budgets).  1,024
+# opens is ~0.2 s of a warm epoch at 5,000 files/s and ~25 ms of observing when a cold
+# open flushes them.
 WARM_DEFER_MAX = 1024
 
 

@@ -5,8 +5,9 @@ Demand reads (a process is waiting) always go before read-ahead and prefetch, an
 whole link.  Optionally the bytes in flight are bounded too (``byte_cap``: each ticket
 says how many bytes its request brings; a request starts when it fits, or when nothing
 else is in flight), with ``reserved_bytes`` of it kept for demand in the same way:
-many requests for small objects, few for large ones.  A waiter's priority can be raised while it waits (a demand read joined a
-queued prefetch of the same block).  trio only; not thread-safe.
+many requests for small objects, few for large ones.  A waiter's priority can be
+raised while it waits (a demand read joined a queued prefetch of the same block).
+trio only; not thread-safe.
 """
 from __future__ import annotations
 
@@ -97,11 +98,10 @@ class PriorityLimiter:
                 heapq.heappush(self._heap, (priority, t.seq, t))  # the old entry goes stale
                 self._dispatch()
 
-    def release(self, t: Ticket | None = None) -> None:
-        """A granted request ended (``t``: its ticket, for its bytes)."""
+    def release(self, t: Ticket) -> None:
+        """The granted request of ticket ``t`` ended: its slot and its bytes are free."""
         self.busy -= 1
-        if t is not None:
-            self.busy_bytes -= t.nbytes
+        self.busy_bytes -= t.nbytes
         self._dispatch()
 
     def _dispatch(self) -> None:
