@@ -19,7 +19,7 @@ from bench.scenarios import datasets
 from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
 from bench.systems.cpu import CpuMeter
 from bench.systems.link import link_fetch
-from bench.systems.pagecache import drop_page_cache
+from bench.systems.pagecache import drop_page_cache, read_into_cache
 from bench.systems.registry import make_system
 
 if TYPE_CHECKING:
@@ -89,6 +89,22 @@ class Ctx:
         files = [m.root / ds_name / rel for rel in self.manifests.get(ds_name, {}).get("files", {})]
         return drop_page_cache(files, level=level)
 
+    def fresh_start(self) -> dict:
+        """Give the next system the start every other system got: the dirty pages the one
+        before left (a mount's cache files, a checkpoint) written back, the page cache
+        dropped, then SeaweedFS's files read back in, so every system reads from a hot
+        store (as S3's own caches would be) and none from what the one before left.
+        Without it a cold row measured the writeback and the store's cache the systems
+        before left (bench/RESULTS.md: the same code read bigfile at 0.52-1.30x
+        s3torchconnector depending on the order)."""
+        dirty = _meminfo_kb("Dirty")
+        t0 = time.monotonic()
+        method = drop_page_cache(level=3)
+        sw = getattr(self.seaweed, "workdir", None)        # None: a test's Ctx has no store
+        store = read_into_cache(sw / "data") if sw is not None else 0
+        return {"method": method, "dirty_kb_before": dirty, "store_bytes_warmed": store,
+                "seconds": round(time.monotonic() - t0, 2)}
+
     def _not_client_cpu(self) -> list[int]:
         """The processes standing for the network and the store (not the client's CPU)."""
         return [getattr(getattr(x, "proc", None), "pid", None) for x in (self.seaweed, self.proxy)]
@@ -125,11 +141,12 @@ class Ctx:
         if "link" in self.systems:
             self.log(f"{scenario}: link")
             base = {"scenario": scenario, "system": "link"}
+            start = self.fresh_start()
             with self.failure_as_row(rows, base):
                 r = self.measure(None, "link", lambda: link_fetch(
                     self.s3_link, self.bucket, ds_name, manifest))
                 r["value"], r["unit"] = (link_value or (lambda x: (x["mbps"], "MB/s")))(r)
-                rows.append({**base, **r})
+                rows.append({**base, **r, "mount": {"start": start}})
         return rows + self.each_mounted(scenario, [s for s in self.systems if s != "link"],
                                         body, opts=opts)
 
@@ -144,10 +161,11 @@ class Ctx:
         for system in systems:
             self.log(f"{scenario}: {step + ' on ' if step else ''}{system}")
             base = {"scenario": scenario, "system": system}
+            start = self.fresh_start()
             with self.failure_as_row(rows, base, phase), self.mount(system, opts) as m, \
                     Watchdog(m, timeout_s or self.timeout_s):
                 for r in body(self, m):
-                    rows.append({**base, **r, "mount": plain_info(m.info)})
+                    rows.append({**base, **r, "mount": {**plain_info(m.info), "start": start}})
         return rows
 
     @contextlib.contextmanager
@@ -167,6 +185,17 @@ class Ctx:
         msg = f"{type(exc).__name__}: {text}"
         self.log(f"{base['scenario']}: {base['system']} failed: {msg}")
         return {**base, "phase": phase, "error": msg[:300]}
+
+
+def _meminfo_kb(field: str) -> int | None:
+    """A /proc/meminfo field in kB (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def client_row(m, row: dict) -> dict:

@@ -38,6 +38,22 @@ def drop_page_cache(files: list[Path] | None = None, level: int = 3) -> str:
     return "fadvise" if done else "none"
 
 
+def read_into_cache(root: Path, chunk: int = 8 << 20) -> int:
+    """Read every file under ``root`` once (into the page cache); returns the bytes read."""
+    n = 0
+    buf = bytearray(chunk)
+    for p in sorted(root.rglob("*")):
+        try:
+            if not p.is_file():
+                continue
+            with open(p, "rb", buffering=0) as f:
+                while k := f.readinto(buf):
+                    n += k
+        except OSError:
+            continue
+    return n
+
+
 def resident_bytes(files: list[Path]) -> int | None:
     """Bytes of ``files`` in the page cache (``fincore``), None if unknown."""
     if not files or not shutil.which("fincore"):

@@ -105,6 +105,10 @@ def test_checkpoint_scenario_local_and_neuralcache(tmp_path, seaweed, s3, monkey
         assert nc_dur["durable_by"] == "sync" and nc_dur["polls"] == 1
         assert nc_dur["seconds"] >= nc_save["seconds"] and nc_dur["xxh3"] == nc_save["xxh3"]
         assert "--writable" in nc_save["mount"]["cmd"]
+        # every system started from the same state: dirty pages written back, the page
+        # cache dropped and the store's files read back in (harness.Ctx.fresh_start)
+        start = nc_save["mount"]["start"]
+        assert start["method"] in ("drop_caches", "none") and start["store_bytes_warmed"] > 0
         head = s3.head_object(Bucket=ctx.bucket, Key="checkpoint/neuralcache/model.pt")
         assert head["ContentLength"] == nc_save["bytes"] >= 24 << 20
         assert by["local", "durable"]["durable_by"] == "fsync"

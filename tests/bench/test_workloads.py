@@ -51,3 +51,13 @@ def test_train_standin_counts_samples_and_windows(data):
     assert r["samples"] == 24 and r["verify_errors"] == 0 and r["loader"] == "stand-in"
     assert r["bytes"] == sum(m["size"] for m in man["shards"]["files"].values())
     assert r["windows"] and r["windows"][-1]["batch"] == r["batches"]
+
+
+def test_read_into_cache_reads_every_file_under_the_root(tmp_path):
+    from bench.systems.pagecache import read_into_cache
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.dat").write_bytes(b"x" * (9 << 20))
+    (tmp_path / "y.idx").write_bytes(b"y" * 100)
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_into_cache(tmp_path) == (9 << 20) + 100
+    assert read_into_cache(tmp_path / "missing") == 0
