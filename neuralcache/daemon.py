@@ -281,6 +281,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             extra.update(shared.snapshot())
         if hasattr(backend, "native_stats"):
             extra.update(backend.native_stats())
+        if hasattr(backend, "warm_connections"):
+            extra["connections_warmed"] = backend.warmed
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()

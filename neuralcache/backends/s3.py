@@ -145,6 +145,9 @@ class S3Backend(S3Writes, S3List):
         self._lock = threading.Lock()          # the retries counter
         self._region_lock = threading.Lock()   # switching region
         self.retries = 0  # transient failures retried (read by stats)
+        # Connections warm_connections opened (read by stats); None until it has run, so
+        # a test or an operator can tell its requests from a job's.
+        self.warmed: int | None = None
         # (signing region, object URL prefix): one tuple, replaced whole, so a reader
         # never signs for one region and sends to another's URL.
         region_now = self._client.meta.region_name
@@ -428,14 +431,15 @@ class S3Backend(S3Writes, S3List):
     def warm_connections(self, n: int) -> None:
         """Open ~n pooled connections now (n cheap requests at once), so the first reads
         of a job do not each pay a TCP handshake round trip on top of the GET."""
-        def ping(_):
+        def ping(_) -> bool:
             try:
                 self._signed_get("", {}, method="HEAD").release_conn()
+                return True
             except Exception:  # best effort: a failure here only costs a handshake later
-                pass
+                return False
 
         with ThreadPoolExecutor(n, thread_name_prefix="nc-warm") as pool:
-            list(pool.map(ping, range(n)))
+            self.warmed = sum(pool.map(ping, range(n)))
 
     def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key
