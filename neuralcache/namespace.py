@@ -40,11 +40,12 @@ log = logging.getLogger(__name__)
 ROOT_INODE = 1
 # Inodes below this are reserved for the control directory and its files.
 FIRST_FREE_INODE = 16
-# Nodes kept in memory after their last use, by inode and by (parent, name) (LRUs of
-# strong references beside the weak ``_live`` map): a cold small file's lookup, open
-# and the prefetcher's resolve of it, and resolve's directory, found each Node by a
-# table query on the trio thread (py-spy of bench.breakdown's cold files:
-# Namespace.get 7.7 % of its samples, then Namespace.child 9.5 %, nearly all sqlite).
+# Nodes kept in memory after their last use, by inode and by (parent, name)
+# (``_Identity``: LRUs of strong references beside its weak map of live Nodes): a cold
+# small file's lookup, open and the prefetcher's resolve of it, and resolve's
+# directory, found each Node by a table query on the trio thread (py-spy of
+# bench.breakdown's cold files: Namespace.get 7.7 % of its samples, then
+# Namespace.child 9.5 %, nearly all sqlite).
 # ~200 bytes each: 4,096 cost ~1 MB.  Only what the table already says is kept: every
 # change of a row goes through its Node, and the rows a listing eviction deletes are
 # dropped here too (evict_listing).  bench/RESULTS.md "Round 2, seventh sitting".
@@ -100,6 +101,63 @@ class Node:
         return f"Node({self.inode}, {self.key!r}{', dir' if self.is_dir else ''})"
 
 
+class _Identity:
+    """The one owner of Node identity: one Node per inode while anything holds it (a
+    weak map), and the RECENT_NODES last used kept alive by inode and by (parent, name)
+    (LRUs of strong references), so a hot path finds them without a table query."""
+
+    def __init__(self, keep: int):
+        self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
+        self._by_ino = lru.LRU(keep)
+        self._by_name = lru.LRU(keep)
+
+    def adopt(self, ns: "Namespace", row: Row) -> Node:
+        """The Node of ``row``: the live one if there is one, else a new one."""
+        n = self._live.get(row.ino)
+        if n is None:
+            n = Node(ns, row)
+            self._live[row.ino] = n
+        self._by_ino[row.ino] = n
+        self._by_name[(row.parent, row.name)] = n
+        return n
+
+    def by_inode(self, inode: int) -> Node | None:
+        n = self._by_ino.get(inode)
+        if n is None:
+            n = self._live.get(inode)
+            if n is not None:
+                self._by_ino[inode] = n
+        return n
+
+    def by_name(self, parent: int, name: str) -> Node | None:
+        n = self._by_name.get((parent, name))
+        # a remembered name is only believed while its Node still says so: a move, a
+        # removal or a new entry of that name each change or replace the Node
+        if n is not None and n._parent == parent and n._name == name and not n._removed:
+            return n
+        return None
+
+    def drop(self, inode: int) -> None:
+        """The row of ``inode`` is gone."""
+        n = self._live.pop(inode, None)
+        self._by_ino.pop(inode, None)
+        if n is not None:
+            self._by_name.pop((n._parent, n._name), None)
+
+    def clear(self) -> None:
+        """Keep nothing alive (the Nodes someone holds stay theirs)."""
+        self._by_ino.clear()
+        self._by_name.clear()
+
+    def forget_unless(self, keep) -> None:
+        """Stop keeping alive the remembered Nodes ``keep(node)`` rejects (their rows were
+        deleted); a Node someone holds stays that inode's Node."""
+        for cache in (self._by_ino, self._by_name):
+            for k, node in cache.items():
+                if not keep(node):
+                    del cache[k]
+
+
 class DirState:
     """What the namespace knows of one directory (kept for every directory row)."""
 
@@ -124,9 +182,7 @@ class Namespace:
             self._tmp = tempfile.TemporaryDirectory(prefix="nc-meta-")
             db_path = os.path.join(self._tmp.name, DB_NAME)
         self.rows = Rows(db_path, cache_bytes)
-        self._live: weakref.WeakValueDictionary[int, Node] = weakref.WeakValueDictionary()
-        self._recent = lru.LRU(RECENT_NODES)    # inode -> Node (RECENT_NODES)
-        self._names = lru.LRU(RECENT_NODES)     # (parent inode, name) -> Node, the same
+        self._nodes = _Identity(RECENT_NODES)
         now = time.time()
         self.rows.insert([(ROOT_INODE, 0, "", 1, 0, now, "", 0.0, 0.0, 0)])   # parent 0: none
         self.dirs: dict[int, DirState] = {ROOT_INODE: DirState("")}
@@ -140,21 +196,11 @@ class Namespace:
 
     # -- nodes ---------------------------------------------------------------------
     def _node(self, row: Row) -> Node:
-        n = self._live.get(row.ino)
-        if n is None:
-            n = Node(self, row)
-            self._live[row.ino] = n
-        self._recent[row.ino] = n
-        self._names[(row.parent, row.name)] = n
-        return n
+        return self._nodes.adopt(self, row)
 
     def get(self, inode: int) -> Node | None:
-        n = self._recent.get(inode)
+        n = self._nodes.by_inode(inode)
         if n is not None:
-            return n
-        n = self._live.get(inode)
-        if n is not None:
-            self._recent[inode] = n
             return n
         row = self.rows.get(inode)
         return self._node(row) if row else None
@@ -164,10 +210,8 @@ class Namespace:
         return self.get(ROOT_INODE)
 
     def child(self, parent: int, name: str) -> Node | None:
-        n = self._names.get((parent, name))
-        # a cached name is only believed while its Node still says so: a move, a
-        # removal or a new entry of that name each change or replace the Node
-        if n is not None and n._parent == parent and n._name == name and not n._removed:
+        n = self._nodes.by_name(parent, name)
+        if n is not None:
             return n
         row = self.rows.child(parent, name)
         return self._node(row) if row else None
@@ -323,10 +367,8 @@ class Namespace:
             self.dirs.pop(sub, None)
         self._dirs_changed()
         self.rows.delete_unheld_children(dir_inode)
-        for cache in (self._recent, self._names):   # their Nodes must not outlive the rows
-            for k, node in cache.items():
-                if node._parent == dir_inode and self.rows.get(node.inode) is None:
-                    del cache[k]
+        self._nodes.forget_unless(      # their Nodes must not outlive the rows
+            lambda node: node._parent != dir_inode or self.rows.get(node.inode) is not None)
         self.files -= n
         self.total_bytes -= int(nbytes)
         d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0
@@ -404,10 +446,7 @@ class Namespace:
 
     def _delete(self, inode: int, is_dir: bool) -> None:
         self.rows.delete(inode)
-        n = self._live.pop(inode, None)
-        self._recent.pop(inode, None)
-        if n is not None:
-            self._names.pop((n._parent, n._name), None)
+        self._nodes.drop(inode)
         if is_dir:
             self.dirs.pop(inode, None)
             self._dirs_changed()

@@ -223,21 +223,23 @@ def test_idle_directories_are_evicted_unless_held():
 
 
 def test_recent_nodes_are_found_without_the_table_and_never_outlive_their_rows():
-    """Namespace._recent: a node used lately is found by inode without a query, and an
-    evicted listing's rows take their cached nodes with them (a later get by inode
-    finds nothing, not a stale node)."""
+    """namespace._Identity: a node used lately is found by inode and by name without a
+    query, and an evicted listing's rows take their cached nodes with them (a later get
+    by inode finds nothing, not a stale node)."""
     be = TreeBackend({"a/1": 1, "a/2": 2, "b/1": 1})
 
     async def body(ns, lister):
         f = await walk(ns, lister, "b/1")
-        ino, obj_id = f.inode, id(f)
+        ino, parent, obj_id = f.inode, f.parent, id(f)
         del f
         gc.collect()                                 # no strong reference but the cache
         queries = []
-        real_get = ns.rows.get
+        real_get, real_child = ns.rows.get, ns.rows.child
         ns.rows.get = lambda i: queries.append(i) or real_get(i)
-        assert id(ns.get(ino)) == obj_id and queries == []
-        ns.rows.get = real_get
+        ns.rows.child = lambda p, n: queries.append((p, n)) or real_child(p, n)
+        assert id(ns.get(ino)) == obj_id and id(ns.child(parent, "1")) == obj_id
+        assert queries == []
+        ns.rows.get, ns.rows.child = real_get, real_child
         await trio.sleep(0.1)                        # the listings' tasks end
         assert await lister.evict_idle(time.monotonic() + 1) == 1
         gc.collect()
@@ -305,8 +307,7 @@ def test_resolve_remembers_directories_and_forgets_them_when_they_move_or_go():
     try:
         x = ns.put_file("a/b/x", 1, "v1", 1.0).inode
         y = ns.put_file("a/b/y", 2, "v2", 1.0).inode
-        ns._recent.clear()
-        ns._names.clear()
+        ns._nodes.clear()
         queries = []
         child = ns.rows.child
         ns.rows.child = lambda *a: (queries.append(a), child(*a))[1]
