@@ -19,7 +19,7 @@ from bench.scenarios import datasets
 from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
 from bench.systems.cpu import CpuMeter
 from bench.systems.link import link_fetch
-from bench.systems.pagecache import drop_page_cache, read_into_cache
+from bench.systems.pagecache import dirty_kb, drop_page_cache, read_into_cache
 from bench.systems.registry import make_system
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class Ctx:
         Without it a cold row measured the writeback and the store's cache the systems
         before left (bench/RESULTS.md: the same code read bigfile at 0.52-1.30x
         s3torchconnector depending on the order)."""
-        dirty = _meminfo_kb("Dirty")
+        dirty = dirty_kb()
         t0 = time.monotonic()
         method = drop_page_cache(level=3)
         sw = getattr(self.seaweed, "workdir", None)        # None: a test's Ctx has no store
@@ -185,17 +185,6 @@ class Ctx:
         msg = f"{type(exc).__name__}: {text}"
         self.log(f"{base['scenario']}: {base['system']} failed: {msg}")
         return {**base, "phase": phase, "error": msg[:300]}
-
-
-def _meminfo_kb(field: str) -> int | None:
-    """A /proc/meminfo field in kB (None where there is none)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def client_row(m, row: dict) -> dict:

@@ -38,6 +38,19 @@ def drop_page_cache(files: list[Path] | None = None, level: int = 3) -> str:
     return "fadvise" if done else "none"
 
 
+def dirty_kb() -> int | None:
+    """Dirty page-cache memory waiting for writeback, in kB (/proc/meminfo; None if
+    unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("Dirty:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def read_into_cache(root: Path, chunk: int = 8 << 20) -> int:
     """Read every file under ``root`` once (into the page cache); returns the bytes read."""
     n = 0
