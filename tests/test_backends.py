@@ -117,6 +117,33 @@ def test_s3_block_reads_survive_connections_reset_mid_body(seaweed, s3, monkeypa
     assert resets > 0 and retries > 0, (resets, retries)
 
 
+def test_s3_every_reset_request_is_one_counted_retry(seaweed, s3, monkeypatch):
+    """Retries are the backend's own (retry.py), each one counted: botocore makes one
+    attempt per call, so a reset PUT, HEAD or listing is retried exactly once by us
+    (a hidden botocore retry would absorb the reset and leave the counter at 0)."""
+    from bench.wan import WanProxy
+    bucket = new_bucket(s3)
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=2, reset_rate=0.2,
+                  seed=5) as proxy:
+        b = open_backend(f"s3://{bucket}", endpoint_url=proxy.endpoint)
+        try:
+            r0 = proxy.stats()["resets"]
+            retries0 = b.retries
+            for i in range(20):
+                b.put(f"k{i}", payload(i, 100_000))
+                assert b.stat(f"k{i}").size == 100_000
+            listed = {o.key for page, _ in b.list_dir("") for o in page}
+            retries = b.retries - retries0
+        finally:
+            b.close()
+        resets = proxy.stats()["resets"] - r0
+    delete_bucket(s3, bucket)
+    assert listed == {f"k{i}" for i in range(20)}
+    assert resets > 0 and retries == resets, (resets, retries)
+
+
 def test_s3_small_reads_go_native_and_fall_back(backend, monkeypatch):
     """GETs up to 1 MiB go through obstore (s3native.py) with the same range and
     version pinning; anything it cannot do is served by the Python path."""

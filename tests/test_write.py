@@ -489,7 +489,8 @@ def test_resets_and_stalls_during_uploads_lose_nothing(seaweed, s3, bucket, tmp_
     assert r.returncode == 0, r.stderr
     assert f1 > f0, "no fault hit the uploads: the test proves nothing"
     assert (s1["upload_errors"] + s1["backend_retries"]
-            > s0["upload_errors"] + s0["backend_retries"])
+            > s0["upload_errors"] + s0["backend_retries"]), \
+        f"{f1 - f0} faults hit the uploads but the daemon counted no retry"
     assert digests(in_bucket(s3, bucket)) == digests(files)
 
 

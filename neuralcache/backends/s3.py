@@ -123,7 +123,11 @@ class S3Backend(S3Writes, S3List):
                             "~/.aws/credentials") from None
         self._session = session
         self._config = Config(connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S,
-                              retries={"max_attempts": 1, "mode": "standard"},
+                              # One attempt per botocore call: retries are ours
+                              # (_call), counted and paced by retry.py.  botocore's
+                              # "max_attempts" counts retries, not attempts (1 meant a
+                              # hidden second try), so the total is what is set here.
+                              retries={"total_max_attempts": 1, "mode": "standard"},
                               max_pool_connections=concurrency + LIST_WORKERS,
                               # No SHA-256 of upload bodies in the signature: botocore
                               # already skips it over https when a checksum header is

@@ -245,13 +245,22 @@ class Lister:
         key, started = d.key, time.monotonic()
         self.listings += 1
 
+        ended = False
+
+        def finished() -> None:
+            nonlocal ended
+            ended = True
+            d.complete, d.listed_at, d.foreign = True, started, 0
+            self._negative_clear(dir_inode)
+            self._prune_if_empty(dir_inode, d)
+
         def apply(page: tuple[list[ObjectInfo], list[str]], last: bool) -> None:
             if self.ns.dirs.get(dir_inode) is not d:
                 return                       # removed meanwhile
             self.ns.add_listing(dir_inode, page[0], page[1], started)
             self.pages += 1
-            if last:                         # complete before anyone wakes up
-                d.complete, d.listed_at, d.foreign = True, started, 0
+            if last:     # complete (or pruned) before anyone wakes up: a reader of
+                finished()   # this directory then never sees its parent unpruned
             listing.first_page.set()
             listing.progress.set()
             listing.progress = trio.Event()
@@ -273,9 +282,8 @@ class Lister:
 
         try:
             await trio.to_thread.run_sync(pages, limiter=self._threads)
-            d.complete, d.listed_at, d.foreign = True, started, 0
-            self._negative_clear(dir_inode)
-            self._prune_if_empty(dir_inode, d)
+            if not ended:                    # no page came (or it was removed meanwhile)
+                finished()
             if self.on_listed is not None:
                 self.on_listed(dir_inode)
         except Exception as exc:  # the waiting lookups get it (-> errno), the rest logs
