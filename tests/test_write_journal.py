@@ -496,8 +496,83 @@ def test_writes_start_the_writeback_of_the_staging_file_every_step(tmp_path, mon
         for i in range(10):                       # 10 MiB in 1 MiB writes
             assert await layer.write(h, i << 20, chunk) == len(chunk)
         assert await layer.read(h, 9 << 20, 1 << 20) == chunk
-        assert kicks == [lf.fd, lf.fd]            # at 4 and 8 MiB
+        assert len(kicks) == 2                    # at 4 and 8 MiB
         assert lf.unkicked == 2 << 20
+
+    trio.run(main)
+    os.close(lf.fd)
+
+
+# -- write-behind (write/behind.py; no kernel) ---------------------------------------
+def _slow_landing(monkeypatch, first: bytes, seconds=0.3, fail=None):
+    """A write whose bytes start with ``first`` takes ``seconds`` in its worker thread
+    (or raises ``fail``); the rest land at once (trio starts the landings in any
+    order, so the slow one is chosen by its bytes, not by its turn)."""
+    import time as _time
+    from neuralcache.write import behind
+
+    real = behind._pwrite_own
+
+    def pwrite_own(fd, data, off, kick):
+        if data.startswith(first):
+            if fail is not None:
+                os.close(fd)
+                raise fail
+            _time.sleep(seconds)
+        return real(fd, data, off, kick)
+
+    monkeypatch.setattr(behind, "_pwrite_own", pwrite_own)
+
+
+def test_overlapping_writes_land_in_the_order_they_were_answered(tmp_path, monkeypatch):
+    """A write is answered before it lands; one that overlaps it waits for it (else the
+    older bytes could land last), a disjoint one does not, and a read waits for both."""
+    _slow_landing(monkeypatch, b"A")
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    a, b, c = b"A" * 4096, b"B" * 4096, b"C" * 4096
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            await layer.write(h, 0, a)                  # answered, lands in 0.3 s
+            assert layer.behind.bytes == len(a)
+            await layer.write(h, 4096, c)               # disjoint: does not wait
+            assert (0, 4096) in lf.inflight.values()    # a has not landed yet
+            await layer.write(h, 0, b)                  # overlaps a: after it lands
+            assert await layer.read(h, 0, 8192) == b + c
+            layer.behind.nursery = None
+        assert layer.behind.bytes == 0 and not lf.inflight and lf.gate.shared == 0
+
+    trio.run(main)
+    os.close(lf.fd)
+
+
+def test_a_write_that_does_not_land_fails_the_file_until_truncated(tmp_path, monkeypatch):
+    """The disk refuses a write already answered: the file's next write and its
+    close() fail with that error (it is not journaled), until a truncate below it."""
+    from neuralcache.errors import JournalFull
+
+    _slow_landing(monkeypatch, b"x", fail=JournalFull("journal disk full"))
+    layer, node, lf = _layer_with_local_file(tmp_path)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            await layer.write(h, 0, b"x" * 100)         # answered; it will not land
+            await layer.behind.drained(lf)
+            assert layer.behind.failures == 1
+            with pytest.raises(JournalFull):
+                await layer.write(h, 100, b"y")
+            with pytest.raises(JournalFull):
+                await layer.flush(h)                    # close() fails: not journaled
+            assert lf.dirty
+            await layer.setattr(node, 0, None, h)       # O_TRUNC / ftruncate(0)
+            assert lf.error is None
+            await layer.write(h, 0, b"fine")
+            assert await layer.read(h, 0, 10) == b"fine"
+            layer.behind.nursery = None
 
     trio.run(main)
     os.close(lf.fd)

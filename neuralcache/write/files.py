@@ -116,6 +116,11 @@ class LocalFile:
     stream: object = None           # stream.Stream sending parts while it is written
     unkicked: int = 0               # bytes written since the last start_writeback
     gate: Gate = field(default_factory=Gate)
+    # write-behind (behind.py): token -> (offset, end) of each write answered but not
+    # yet in the staging file; the first failed one's error and offset
+    inflight: dict = field(default_factory=dict)
+    error: BaseException | None = None
+    error_at: int = 0
 
     @property
     def version(self) -> str:

@@ -32,6 +32,7 @@ from .journal import JOURNAL_DIR, Committer, Journal
 from .limits import check_key, check_name, check_size
 from .stream import START_PARTS
 from .barriers import Barriers
+from .behind import WriteBehind
 from .names import NameOps
 from .records import Records
 from .opqueue import OpQueue
@@ -62,6 +63,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self.queue = OpQueue()
         self._disk = trio.CapacityLimiter(DISK_THREADS)
         self.committer = Committer(self.journal, self._pending_acts, self._disk)
+        self.behind = WriteBehind(self._disk)        # writes answered before they land
         self.uploader = Uploader(backend, self.journal, self.committer, self.queue,
                                  sealed=self._sealed, on_done=self._on_done,
                                  on_copied=self._moved)
@@ -90,6 +92,7 @@ class WriteLayer(NameOps, Records, Barriers):
         """The committer and the uploader; runs until cancelled."""
         async with trio.open_nursery() as n:
             self._nursery = n
+            self.behind.nursery = n
             await n.start(self.committer.run)
             await n.start(self.uploader.run)
             task_status.started()
@@ -117,7 +120,9 @@ class WriteLayer(NameOps, Records, Barriers):
         return {"writable": True, "sync_close": self.sync_close,
                 "written_bytes": self.written_bytes,
                 "files_open_for_write": sum(1 for lf in self.files.values() if lf.writers),
-                "journal_errors": self.journal_errors + self.committer.write_errors,
+                "journal_errors": (self.journal_errors + self.committer.write_errors
+                                   + self.behind.failures),
+                "write_behind_bytes": self.behind.bytes,
                 **self.queue.stats(), **self.uploader.stats()}
 
     def free_bytes(self) -> tuple[int, int]:
@@ -266,6 +271,7 @@ class WriteLayer(NameOps, Records, Barriers):
         if isinstance(h, ReadHandle):
             lf = h.lf
             if h.staging == lf.staging and self.files.get(lf.inode) is lf:
+                await self.behind.drained(lf)       # read-after-write (behind.py)
                 async with lf.gate.held_shared():   # not during a copy from the remote
                     return await trio.to_thread.run_sync(pread, h.fd, size, off,
                                                          limiter=self._disk)
@@ -274,6 +280,7 @@ class WriteLayer(NameOps, Records, Barriers):
         lf = self._current_lf(h)
         if lf is None:
             return await self.store.read(h.pinned, off, size)
+        await self.behind.drained(lf)               # read-after-write (behind.py)
         async with lf.gate.held_shared():
             fd = lf.fd if lf.fd is not None else await self._reopen(lf)
             return await trio.to_thread.run_sync(pread, fd, size, off, limiter=self._disk)
@@ -305,42 +312,46 @@ class WriteLayer(NameOps, Records, Barriers):
                 async with lf.gate.held_exclusive():
                     if lf.sealed:
                         await self._unseal(lf, lf.size)
-            async with lf.gate.held_shared():
-                if lf.sealed:
-                    continue                    # sealed (fsync) while we waited
-                if h.append:
-                    off = lf.size
-                old, end = lf.size, off + len(buf)
-                lf.size = max(lf.size, end)     # reserved now: appenders do not overlap
-                kick = WRITEBACK_STEP > 0 and lf.unkicked + len(buf) >= WRITEBACK_STEP
-                try:
-                    await trio.to_thread.run_sync(pwrite_all, lf.fd, buf, off, kick,
-                                                  limiter=self._disk)
-                except JournalError:
-                    if lf.size == end and old < end:
-                        lf.size = old
-                        await trio.to_thread.run_sync(truncate, lf.fd, old)
-                    raise
-                lf.unkicked = 0 if kick else lf.unkicked + len(buf)
-                lf.dirty = True
-                lf.mtime = time.time()
-                self.written_bytes += len(buf)
-                self._sync_node(lf)
-                self._stream(lf, off)
-                return len(buf)
+            await lf.gate.acquire_shared()
+            if not lf.sealed:
+                break
+            lf.gate.release_shared()            # sealed (fsync) while we waited
+        try:
+            if lf.error is not None:            # an earlier write did not land
+                raise lf.error
+            if h.append:
+                off = lf.size
+            end = off + len(buf)
+            lf.size = max(lf.size, end)         # reserved now: appenders do not overlap
+            await self.behind.admit(lf, off, end)
+            kick = WRITEBACK_STEP > 0 and lf.unkicked + len(buf) >= WRITEBACK_STEP
+            lf.unkicked = 0 if kick else lf.unkicked + len(buf)
+            lf.dirty = True
+            lf.mtime = time.time()
+            self.written_bytes += len(buf)
+            self._sync_node(lf)
+        except BaseException:
+            lf.gate.release_shared()
+            raise
+        # answered now; it lands in the background, and the gate's hold goes with it
+        await self.behind.submit(lf, off, buf, kick, self._stream)
+        return len(buf)
 
     def _stream(self, lf: LocalFile, off: int) -> None:
-        """After a write at ``off``: start, feed or stop the file's streaming upload."""
+        """A write at ``off`` landed: start, feed or stop the file's streaming upload
+        (with the bytes up to the first write still in flight: behind.py)."""
         streams = self.uploader.streams
+        upto = self.behind.landed_upto(lf)
         if lf.stream is not None:
             if off < lf.stream.sent_upto:
                 self._stop_stream(lf, "a write into a part already sent")
             else:
-                streams.feed(lf.stream, lf.size)
-        elif STREAM_UPLOADS and lf.fresh and lf.size >= START_PARTS * PART_SIZE:
+                streams.feed(lf.stream, upto)
+        elif STREAM_UPLOADS and lf.fresh and upto >= START_PARTS * PART_SIZE \
+                and self.files.get(lf.inode) is lf and not lf.unlinked:
             lf.stream = streams.start(lf.key, lf.staging, PART_SIZE)
             if lf.stream is not None:
-                streams.feed(lf.stream, lf.size)
+                streams.feed(lf.stream, upto)
 
     def _stop_stream(self, lf: LocalFile, why: str) -> None:
         s, lf.stream = lf.stream, None
@@ -386,6 +397,8 @@ class WriteLayer(NameOps, Records, Barriers):
             if size != lf.size:
                 await trio.to_thread.run_sync(truncate, lf.fd, size, limiter=self._disk)
                 lf.size = size
+            if lf.error is not None and size <= lf.error_at:
+                lf.error = None             # the range that failed to land is gone
             lf.dirty = True
             lf.fresh = size == 0          # empty again: it may stream
             lf.mtime = time.time()
@@ -444,6 +457,8 @@ class WriteLayer(NameOps, Records, Barriers):
             return
         if lf.dirty:
             async with lf.gate.held_exclusive():
+                if lf.error is not None:    # a write did not land (behind.py)
+                    raise lf.error
                 if lf.dirty:
                     await self._record(lf, seal)
                     return

@@ -1,0 +1,126 @@
+"""Write-behind: a FUSE WRITE is answered once its bytes are handed to a worker thread,
+not once they are in the staging file, so that the writer's next chunk (a serializer's
+work: ``torch.save``) overlaps with this chunk's ``pwrite`` instead of waiting for it.
+
+What keeps it exact (the rules write/layer.py relies on):
+
+* A write waits for every write still in flight on the same file that it overlaps, so
+  overlapping writes land in the order they were answered; disjoint ones (a sequential
+  writer's) land in any order.
+* Each write in flight holds its file's gate shared (write/files.py ``Gate``), so all
+  that takes the gate exclusive (``close()``'s fsync and journal record, truncate, copy
+  on write, ``neuralcache sync``) first waits for every write in flight.
+* Reads of a file being written wait until nothing is in flight on it
+  (read-after-write, from any descriptor).
+* A write pwrites through its own duplicate of the staging file's descriptor, so
+  closing the file's descriptor meanwhile (the file unlinked while open) can never
+  send its bytes into another file that reuses the number.
+* A write that fails to land (ENOSPC, EIO) marks its file: the file's next write,
+  ``close()`` and ``fsync()`` fail with that error and its data is not journaled (the
+  remote keeps the previous version) until a truncate cuts below the failed range
+  (``O_TRUNC``, ``ftruncate``) or the file is unlinked.  Local disks report a failed
+  writeback the same way, at the next ``fsync``/``close``.  ``close()`` remains the
+  point where written data is acknowledged (docs/checkpoints.md).
+"""
+from __future__ import annotations
+
+import itertools
+import os
+from typing import Callable
+
+import trio
+
+from ..errors import JournalError
+from .files import LocalFile, pwrite_all
+from .journal import journal_error
+
+# Bytes answered but not yet in staging files, all files together: 16 FUSE writes of
+# 1 MiB (the mount's max_write) -- enough for a writer never to wait on a healthy
+# disk (a 1 MiB pwrite into the page cache takes ~0.3 ms), and a bound on the daemon's
+# memory when the disk stalls.
+MAX_BYTES = 16 << 20
+
+
+def _pwrite_own(fd: int, data: bytes, offset: int, kick: bool) -> None:
+    """pwrite_all through ``fd`` (a duplicate), then close it."""
+    try:
+        pwrite_all(fd, data, offset, kick)
+    finally:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class WriteBehind:
+    """The writes in flight of one mount (``LocalFile.inflight`` holds each file's)."""
+
+    def __init__(self, disk: trio.CapacityLimiter, max_bytes: int = MAX_BYTES):
+        self._disk = disk
+        self.max_bytes = max_bytes
+        self.bytes = 0             # answered, not yet landed
+        self.failures = 0          # writes that did not land (read by stats)
+        self._seq = itertools.count()
+        self._lot = trio.lowlevel.ParkingLot()
+        self.nursery: trio.Nursery | None = None   # set by WriteLayer.run
+
+    async def admit(self, lf: LocalFile, off: int, end: int) -> None:
+        """Until ``[off, end)`` overlaps no write in flight on ``lf`` and there is room."""
+        while (any(o < end and off < e for o, e in lf.inflight.values())
+               or (self.bytes and self.bytes + end - off > self.max_bytes)):
+            await self._lot.park()
+
+    async def submit(self, lf: LocalFile, off: int, data: bytes, kick: bool,
+                     landed: Callable[[LocalFile, int], None]) -> None:
+        """Land ``data`` at ``off``: in the background once ``WriteLayer.run`` is
+        running, else (tests without a daemon) before returning.  The caller holds
+        ``lf``'s gate shared and passes that hold on: the landing releases it."""
+        try:
+            fd = os.dup(lf.fd)
+        except OSError as exc:          # out of descriptors
+            lf.gate.release_shared()
+            raise journal_error(exc, "writing to the journal") from None
+        token = next(self._seq)
+        lf.inflight[token] = (off, off + len(data))
+        self.bytes += len(data)
+        if self.nursery is not None:
+            self.nursery.start_soon(self._land, lf, token, fd, off, data, kick, landed)
+        else:
+            await self._land(lf, token, fd, off, data, kick, landed)
+
+    async def _land(self, lf: LocalFile, token: int, fd: int, off: int, data: bytes,
+                    kick: bool, landed: Callable[[LocalFile, int], None]) -> None:
+        try:
+            await trio.to_thread.run_sync(_pwrite_own, fd, data, off, kick,
+                                          limiter=self._disk)
+        except BaseException as exc:    # JournalError; anything else (the daemon
+            self.failures += 1          # stopping) marks the file the same way
+            if lf.error is None or off < lf.error_at:
+                lf.error = exc if isinstance(exc, JournalError) else \
+                    JournalError(f"{lf.key}: a write did not reach the journal")
+                lf.error_at = off
+            if not isinstance(exc, JournalError):
+                raise
+        else:
+            del lf.inflight[token]
+            token = None
+            landed(lf, off)
+        finally:
+            if token is not None:
+                del lf.inflight[token]
+            self.bytes -= len(data)
+            lf.gate.release_shared()
+            self._lot.unpark_all()
+
+    async def drained(self, lf: LocalFile) -> None:
+        """Until every write in flight on ``lf`` now has landed (later ones may still be
+        in flight: a reader is not held up by a writer that keeps writing)."""
+        if lf.inflight:
+            mark = max(lf.inflight)
+            while lf.inflight and min(lf.inflight) <= mark:
+                await self._lot.park()
+
+    @staticmethod
+    def landed_upto(lf: LocalFile) -> int:
+        """Bytes of ``lf`` from its start that are all in the staging file."""
+        return min([lf.size] + [o for o, _ in lf.inflight.values()])
