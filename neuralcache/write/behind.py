@@ -101,16 +101,13 @@ class WriteBehind:
                 lf.error_at = off
             if not isinstance(exc, JournalError):
                 raise
-        else:
-            del lf.inflight[token]
-            token = None
-            landed(lf, off)
+            return
         finally:
-            if token is not None:
-                del lf.inflight[token]
+            del lf.inflight[token]
             self.bytes -= len(data)
             lf.gate.release_shared()
             self._lot.unpark_all()
+        landed(lf, off)       # no await since the release: nothing ran in between
 
     async def drained(self, lf: LocalFile) -> None:
         """Until every write in flight on ``lf`` now has landed (later ones may still be
