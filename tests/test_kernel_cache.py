@@ -104,6 +104,7 @@ def test_a_small_file_not_in_memory_is_loaded_by_its_open(seaweed, s3, tmp_path)
         assert after["pushed_files"] - before["pushed_files"] == len(names[:-1][::-3])
         with pytest.raises(FileNotFoundError):
             open(mp / gone, "rb")
+        eventually(lambda: stats(mp)["open_handles"] == 0)   # RELEASE is asynchronous
         s = stats(mp)
         assert s["open_handles"] == 0 and s["read_errors"] == 1, s
         assert s["push_errors"] == 0

@@ -165,7 +165,10 @@ def run_soak(a) -> dict:
                     pid = stats(mnt)["pid"]
                     r = random_reads(mnt, files, a.readers, seconds=a.minutes * 60,
                                      max_bytes=1 << 62, max_len=512 << 10, seed=9)
-                    time.sleep(1)
+                    # RELEASE is a background request: let a backlog of closes in
+                    end = time.monotonic() + 30
+                    while stats(mnt)["open_handles"] and time.monotonic() < end:
+                        time.sleep(0.1)
                     st = stats(mnt)
                     status = open(f"/proc/{pid}/status").read()
                     hwm = int(status.split("VmHWM:")[1].split()[0]) // 1024
