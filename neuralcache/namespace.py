@@ -366,9 +366,9 @@ class Namespace:
         for sub in self.children_dirs(dir_inode):
             self.dirs.pop(sub, None)
         self._dirs_changed()
-        self.rows.delete_unheld_children(dir_inode)
+        held = self.rows.delete_unheld_children(dir_inode)
         self._nodes.forget_unless(      # their Nodes must not outlive the rows
-            lambda node: node._parent != dir_inode or self.rows.get(node.inode) is not None)
+            lambda node: node._parent != dir_inode or node.inode in held)
         self.files -= n
         self.total_bytes -= int(nbytes)
         d.complete, d.listed_at, d.nsub, d.foreign = False, 0.0, 0, 0

@@ -172,9 +172,12 @@ class Rows:
     def delete(self, ino: int) -> None:
         self.db.execute("DELETE FROM e WHERE ino = ?", (ino,))
 
-    def delete_unheld_children(self, parent: int) -> None:
-        """Drop the entries of ``parent`` the kernel does not hold (an evicted listing)."""
+    def delete_unheld_children(self, parent: int) -> set[int]:
+        """Drop the entries of ``parent`` the kernel does not hold (an evicted listing);
+        returns the inodes of the entries left (held)."""
         self.db.execute("DELETE FROM e WHERE parent = ? AND lookups = 0", (parent,))
+        return {r[0] for r in self.db.execute("SELECT ino FROM e WHERE parent = ?",
+                                              (parent,))}
 
 
 _SETTABLE = {"parent", "name", "dir", "size", "mtime", "version", "checked", "ctime", "seq",
