@@ -304,8 +304,10 @@ class Namespace:
             entries[name] = None
         dir_rows, file_rows, file_bytes = [], [], 0
         wall = time.time()
-        for name in sorted(entries):                   # readdir shows a page by name
-            if d.foreign and self.rows.child(dir_inode, name) is not None:
+        names = sorted(entries)                        # readdir shows a page by name
+        known = self.rows.present(dir_inode, names) if d.foreign else ()
+        for name in names:
+            if name in known:
                 continue
             o = entries[name]
             if o is None:

@@ -512,3 +512,18 @@ def test_s3_multipart_over_a_directory_the_store_keeps_empty(seaweed, s3, monkey
         assert b.read(key, 0, info.size, info.version) == b"".join(parts)
     assert s3.get_object(Bucket=bucket, Key="e/sub/kept")["Body"].read() == b"kept"
     b.close()
+
+
+def test_posix_source_on_a_network_filesystem_is_known(tmp_path):
+    from neuralcache.backends.posix import network_fs
+    m = tmp_path / "mounts"
+    m.write_text("/dev/vda / ext4 rw 0 0\n"
+                 "srv:/export /data nfs4 rw 0 0\n"
+                 "sshfs#u@h: /mnt/my\\040share fuse.sshfs rw 0 0\n"
+                 "tmpfs /data/scratch tmpfs rw 0 0\n")
+    assert not network_fs("/home/x", str(m))
+    assert network_fs("/data/imagenet", str(m)) and network_fs("/data", str(m))
+    assert not network_fs("/data/scratch/x", str(m))           # the longest mount wins
+    assert network_fs("/mnt/my share/train", str(m))
+    assert not network_fs("/database", str(m))                  # a prefix is not a parent
+    assert network_fs("/x", str(tmp_path / "missing"))          # unsure: as over a network

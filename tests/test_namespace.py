@@ -365,3 +365,84 @@ def test_a_listing_that_fails_halfway_is_an_error_then_lists_again_cleanly():
         assert lister.errors == 1
 
     run(be, body)
+
+
+def test_rows_insert_in_statements_skips_names_present_and_counts():
+    ns = Namespace()
+    try:
+        rows = ns.rows
+        from neuralcache.meta.rows import INSERT_ROWS
+        n = INSERT_ROWS * 2 + 7                      # three statements in one transaction
+        batch = [(100 + i, 1, f"f{i:06d}", 0, i, 1.0, "v", 1.0, 0.0, i) for i in range(n)]
+        assert rows.insert(batch) == n
+        again = [(10 ** 7 + i, 1, f"f{i:06d}", 0, 0, 1.0, "v", 1.0, 0.0, 0) for i in range(5)]
+        assert rows.insert(again) == 0 and rows.insert([]) == 0
+        assert rows.child(1, "f000004").ino == 104    # the first row of a name stays
+        assert rows.present(1, ["f000000", "nope", f"f{n - 1:06d}"]) == {"f000000",
+                                                                           f"f{n - 1:06d}"}
+        rows.add_lookup_each([100, 101, 100 + n - 1])
+        assert [rows.lookups(i) for i in (100, 101, 102, 100 + n - 1)] == [1, 1, 0, 1]
+    finally:
+        ns.close()
+
+
+class CountingBackend(TreeBackend):
+    """Listings take ``delay`` each; counts how many run at once."""
+
+    def __init__(self, keys, delay, over_network=True):
+        super().__init__(keys, delay=delay)
+        self.lists_over_network = over_network
+        self.now = self.peak = 0
+
+    def list_dir(self, key):
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        try:
+            yield from super().list_dir(key)
+        finally:
+            with self.lock:
+                self.now -= 1
+
+
+@pytest.mark.parametrize("over_network, most", [(True, 8), (False, 1)])
+def test_crawl_lists_ahead_in_parallel_only_over_the_network(over_network, most):
+    keys = {f"top/d{i:02d}/f": 1 for i in range(24)}
+    be = CountingBackend(keys, delay=0.05, over_network=over_network)
+
+    async def body(ns, lister):
+        top = await walk(ns, lister, "top")
+        await lister.ready(top)
+        assert len(ns.children(top)) == 24
+        be.peak = 0
+        lister.crawl(top.inode)
+        while not all(ns.dirs[c.inode].complete for c in ns.children(top)):
+            await trio.sleep(0.01)
+        assert be.peak == most, be.peak
+
+    run(be, body)
+
+
+def test_crawl_starts_nothing_while_a_lookup_waits_on_a_listing():
+    keys = {f"top/d{i:02d}/f": 1 for i in range(16)}
+    keys.update({f"other/f{i}": 1 for i in range(3)})
+    be = CountingBackend(keys, delay=0.0)
+
+    async def body(ns, lister):
+        top = await walk(ns, lister, "top")
+        await lister.ready(top)
+        be.delay = 0.3                       # every listing from here takes 0.3 s
+        listed_before = len(be.listed)
+        other = ns.child(ROOT_INODE, "other")
+        async with trio.open_nursery() as n:
+            n.start_soon(lister.lookup, other, "f1")   # a job's lookup: "other" unlisted
+            await trio.sleep(0.05)
+            lister.crawl(top.inode)                    # the crawl comes while it waits
+            await trio.sleep(0.1)
+            # nothing of the crawl has started: only the lookup's own listing runs
+            assert be.listed[listed_before:] == ["other"], be.listed[listed_before:]
+        assert (await lister.lookup(other, "f1")).size == 1
+        while not all(ns.dirs[c.inode].complete for c in ns.children(top)):
+            await trio.sleep(0.01)               # then the crawl goes on
+
+    run(be, body)

@@ -3,7 +3,10 @@ RSS after mount and after stat-ing files, and the longest stat() of never-seen f
 over WINDOW seconds with --metadata-ttl TTL (code before 996136b re-listed the whole
 tree every TTL on the trio thread; later code refreshes directories in the background).
 
-    python -m bench.tools.million TREE CODE_DIR LABEL
+    python -m bench.tools.million TREE CODE_DIR LABEL [find]
+
+With ``find``: the time of `find MNT/train -type f` right after mount instead (the
+walk the lister's crawl-ahead serves).
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (the
@@ -11,6 +14,7 @@ DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (th
 """
 import json, os, random, subprocess, sys, time
 src, code, label = sys.argv[1], sys.argv[2], sys.argv[3]
+walk = sys.argv[4:] == ["find"]
 TTL, WINDOW = 30, 75
 mnt, cache = f"/tmp/nsba-{label}", f"/tmp/nsba-{label}-cache"
 os.makedirs(mnt, exist_ok=True)
@@ -26,19 +30,33 @@ assert r.returncode == 0, r.stderr
 try:
     pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
     rss_mount = rss(pid)
+    if walk:
+        t1 = time.monotonic()
+        r = subprocess.run(["find", f"{mnt}/train", "-type", "f"], capture_output=True,
+                           text=True, timeout=900, check=True)
+        print(json.dumps({"label": label, "code": code, "find_s": round(time.monotonic() - t1, 1),
+                          "files": r.stdout.count("\n"), "rss_after_find_mb": round(rss(pid), 1)}))
+        sys.exit(0)
     dirs = sorted(os.listdir(f"{mnt}/train"))
     rnd = random.Random(0)
     lat = []
-    end = time.monotonic() + WINDOW
+    t_start = time.monotonic()
+    end = t_start + WINDOW
     n = 0
     while time.monotonic() < end:
         d = rnd.choice(dirs)
         p = f"{mnt}/train/{d}/{d}_{10026 + 7 * rnd.randrange(1281)}.JPEG"
-        t1 = time.monotonic(); os.stat(p); lat.append(time.monotonic() - t1); n += 1
-    lat.sort()
+        t1 = time.monotonic(); os.stat(p); t2 = time.monotonic(); n += 1
+        lat.append((t2 - t1, t1 - t_start))
+    worst = sorted(lat, reverse=True)[:5]     # (seconds, when in the window)
+    over = {ms: sum(1 for x, _ in lat if x > ms / 1e3) for ms in (50, 200)}
+    lat = sorted(x for x, _ in lat)
     out = {"label": label, "code": code, "mount_s": round(mount_s, 2), "rss_mount_mb": round(rss_mount, 1),
            "rss_after_stats_mb": round(rss(pid), 1), "stats": n, "stat_max_ms": round(lat[-1] * 1e3, 1),
-           "stat_p99_ms": round(lat[int(len(lat) * .99)] * 1e3, 2), "ttl_s": TTL, "window_s": WINDOW}
+           "stat_p99_ms": round(lat[int(len(lat) * .99)] * 1e3, 2),
+           "over_50ms": over[50], "over_200ms": over[200],
+           "worst_ms_at_s": [(round(x * 1e3), round(t, 1)) for x, t in worst],
+           "ttl_s": TTL, "window_s": WINDOW}
     print(json.dumps(out))
 finally:
     subprocess.run(nc + ["umount", mnt], env=env, cwd=code, capture_output=True, timeout=600)

@@ -27,6 +27,33 @@ log = logging.getLogger(__name__)
 
 # Directories scanned in parallel at mount time (NFS answers one round trip per readdir).
 LIST_WORKERS = 16
+# Filesystem types whose listings wait on the network (a stat each may be a round
+# trip): the lister lists ahead in parallel there, one at a time elsewhere
+# (meta/lister.py CRAWL_AHEAD).  From /proc/self/mounts; fuse.* covers sshfs,
+# s3fs, gcsfuse and the like.
+NETWORK_FS = {"nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "lustre", "gpfs", "9p",
+              "glusterfs", "beegfs", "wekafs", "afs", "ocfs2", "gfs2", "panfs", "orangefs"}
+
+
+def network_fs(path: str, mounts: str = "/proc/self/mounts") -> bool:
+    """Whether ``path`` (a real path) lies on a network filesystem (True when unsure)."""
+    best, fstype = "", None
+    try:
+        with open(mounts) as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mp = parts[1].replace("\\040", " ")
+                if (path == mp or path.startswith(mp.rstrip("/") + "/")) and len(mp) >= len(best):
+                    best, fstype = mp, parts[2]
+    except OSError:
+        return True
+    if fstype is None:
+        return True
+    return fstype in NETWORK_FS or fstype.startswith("fuse.") or fstype == "fuse"
+
+
 # Name prefix of files being written (a put or upload in progress): skipped by listing.
 TMP_PREFIX = ".neuralcache-tmp-"
 
@@ -55,6 +82,7 @@ class PosixBackend:
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
         self.description = self.root
+        self.lists_over_network = network_fs(self.root)
 
     def check(self) -> None:
         if not os.path.exists(self.root):

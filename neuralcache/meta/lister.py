@@ -18,12 +18,15 @@ the background, never on the trio thread.
 * The subdirectories a readdir shows are listed ahead, ``CRAWL_AHEAD`` at a time (the
   next readdir of ``find``, ``ls -R`` or a loader's directory walk is then served
   from the table: one round trip per level of the tree instead of one per directory).
+  A lookup waiting on a listing goes first: while one waits, the crawl starts no new
+  listing (they parse in threads that share the GIL with the waiting one).
 * Directories nobody used for ``IDLE_EVICT_S`` whose entries the kernel does not
   hold are evicted (their rows deleted; a later look lists them again), so the table
   follows the job rather than everything ever listed.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -46,8 +49,17 @@ LIST_THREADS = 16
 # 7.9 s with refreshes on the 16 listing threads).
 REFRESH_THREADS = 2
 # Subdirectories listed ahead of a readdir at once (a share of LIST_THREADS, so that
-# a job's own listings always find a thread).
+# a job's own listings always find a thread), when a listing waits on the network
+# (S3, a network filesystem): the threads then mostly wait with the GIL released.
+# A source on a local filesystem is listed by CPU in Python (scandir + a stat per
+# entry, ~7 ms per 1,281-file directory), so parallel listings bring nothing and take
+# the GIL from the trio thread: there it is CRAWL_AHEAD_LOCAL.  On the 1.28 M-file
+# tree (`python -m bench.tools.million`: stat() of random files right after `ls
+# train/` started the crawl of its 1,000 directories) ~100 stat()s took 200-650 ms
+# behind 8 crawling threads, none with one (bench/RESULTS.md, eleventh sitting).  The
+# crawl also starts nothing new while a lookup waits on a listing.
 CRAWL_AHEAD = 8
+CRAWL_AHEAD_LOCAL = 1
 # Rows compared (or added) per step of a refresh, between which requests are served:
 # ~2.5 ms of the trio thread each on an idle core (2,000 made the longest stat() during
 # refreshes 80 ms on a busy 2-core machine: bench namespace, stat-refresh-max).
@@ -115,9 +127,13 @@ class Lister:
         self.invalidate_inode = lambda inode: None
         self._threads = trio.CapacityLimiter(LIST_THREADS)
         self._refresh_threads = trio.CapacityLimiter(REFRESH_THREADS)
-        self._crawl = trio.CapacityLimiter(CRAWL_AHEAD)
+        self._crawl = trio.CapacityLimiter(
+            CRAWL_AHEAD if getattr(backend, "lists_over_network", True) else CRAWL_AHEAD_LOCAL)
         self._nursery: trio.Nursery | None = None
         self._negative = lru.LRU(NEGATIVE_MAX)
+        self._waiting = 0                   # lookups waiting on a listing now
+        self._quiet = trio.Event()          # set while none waits (the crawl may go on)
+        self._quiet.set()
         self.on_listed = None               # callback(dir_inode): a listing completed
         # counters (stats.json: metadata_*)
         self.listings = 0
@@ -156,7 +172,8 @@ class Lister:
         if node is not None:
             return node
         listing = self._start(parent.inode)
-        await listing.first_page.wait()
+        with self._job_waits():
+            await listing.first_page.wait()
         node = self.ns.child(parent.inode, name)
         if node is not None or d.complete:
             return node
@@ -217,8 +234,23 @@ class Lister:
                 if d is not None and not d.complete and d.listing is None:
                     self._nursery.start_soon(self._crawl_one, n)
 
+    @contextlib.contextmanager
+    def _job_waits(self):
+        """A job's lookup waits on a listing: the crawl starts no new one meanwhile."""
+        self._waiting += 1
+        if self._waiting == 1:
+            self._quiet = trio.Event()
+        try:
+            yield
+        finally:
+            self._waiting -= 1
+            if self._waiting == 0:
+                self._quiet.set()
+
     async def _crawl_one(self, dir_inode: int) -> None:
         async with self._crawl:
+            while self._waiting:             # a lookup waits on a listing: it goes first
+                await self._quiet.wait()
             d = self.ns.dirs.get(dir_inode)
             if d is not None and not d.complete:
                 await self._start(dir_inode).done.wait()

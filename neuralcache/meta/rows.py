@@ -43,6 +43,19 @@ DB_NAME = "meta.db"
 
 _COLS = "ino, parent, name, dir, size, mtime, version, checked, ctime, seq, removed"
 
+# Rows per statement of a bulk change.  One statement of many rows, not executemany:
+# Python's sqlite3 releases and retakes the GIL around every statement it steps, and
+# with other threads busy in Python (the lister's scans) each retake waits a switch
+# interval or more.  A 1,281-row page inserted with executemany took 3.5-6.6 ms alone
+# and 14.6-18.8 s beside two busy threads; as one statement 3.7 ms alone and 21 ms
+# beside them (`python -m bench.tools.gilinsert 2 3`, bench/RESULTS.md, eleventh
+# sitting).  3,000 rows of 10 values fit SQLite's 32,766 values per statement, so a
+# listing page (1,000 S3 keys, a POSIX directory up to 3,000 entries) is one
+# statement, which needs no BEGIN/COMMIT either.
+INSERT_ROWS = 3000
+_INSERT = ("INSERT OR IGNORE INTO e(ino, parent, name, dir, size, mtime, version, checked, "
+           "ctime, seq) VALUES ")
+
 
 class Row(NamedTuple):
     ino: int
@@ -101,6 +114,17 @@ class Rows:
                             "AND removed = 0", (parent, name)).fetchone()
         return Row(*r) if r else None
 
+    def present(self, parent: int, names: list[str]) -> set[str]:
+        """Which of ``names`` (at most a listing page's) ``parent`` has, in one query
+        per INSERT_ROWS names (a point query each costs a GIL retake: see above)."""
+        out: set[str] = set()
+        for i in range(0, len(names), INSERT_ROWS):
+            part = names[i:i + INSERT_ROWS]
+            out.update(r[0] for r in self.db.execute(
+                "SELECT name FROM e WHERE parent = ? AND removed = 0 AND name IN (%s)"
+                % ",".join("?" * len(part)), (parent, *part)))
+        return out
+
     def page(self, parent: int, from_seq: int, limit: int) -> list[Row]:
         """Entries of ``parent`` with seq >= ``from_seq``, in seq order."""
         return [Row(*r) for r in self.db.execute(
@@ -139,12 +163,21 @@ class Rows:
         tuples in one transaction, skipping names their directory already has (a
         lookup's probe, a file made here, a directory listed before an object of the
         same name); returns how many were inserted."""
+        rows = rows if isinstance(rows, list) else list(rows)
         cur = self.db.cursor()
+        if len(rows) <= INSERT_ROWS:          # one statement: atomic by itself
+            if rows:
+                cur.execute(_INSERT + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(rows)),
+                            [v for r in rows for v in r])
+            return max(cur.rowcount, 0)
         cur.execute("BEGIN")
+        n = 0
         try:
-            cur.executemany("INSERT OR IGNORE INTO e(ino, parent, name, dir, size, mtime, "
-                            "version, checked, ctime, seq) VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-            n = cur.rowcount
+            for i in range(0, len(rows), INSERT_ROWS):
+                part = rows[i:i + INSERT_ROWS]
+                cur.execute(_INSERT + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(part)),
+                            [v for r in part for v in r])
+                n += cur.rowcount
         except BaseException:
             cur.execute("ROLLBACK")
             raise
@@ -161,10 +194,12 @@ class Rows:
         self.db.execute(f"UPDATE e SET {cols} WHERE ino = ?", (*values.values(), ino))
 
     def add_lookup_each(self, inos: list[int]) -> None:
-        """One more lookup for each of ``inos`` (readdirplus: the kernel keeps every
-        entry it takes), in one statement."""
-        self.db.executemany("UPDATE e SET lookups = lookups + 1 WHERE ino = ?",
-                            [(i,) for i in inos])
+        """One more lookup for each of ``inos``, all distinct (readdirplus: the kernel
+        keeps every entry of a reply it takes), in one statement per INSERT_ROWS."""
+        for i in range(0, len(inos), INSERT_ROWS):     # one statement per chunk (above)
+            part = inos[i:i + INSERT_ROWS]
+            self.db.execute("UPDATE e SET lookups = lookups + 1 WHERE ino IN (%s)"
+                            % ",".join("?" * len(part)), part)
 
     def add_lookups(self, ino: int, n: int) -> None:
         self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ?", (n, ino))
