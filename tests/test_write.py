@@ -15,8 +15,8 @@ import pytest
 import xxhash
 
 from awsproxy import AwsProxy, _error_xml
-from conftest import (cli_env, digest, is_mounted, mounted, needs_fuse, new_bucket, payload,
-                      run_cli, upload_tree)
+from conftest import (cli_env, digest, eventually, is_mounted, mounted, needs_fuse,
+                      new_bucket, payload, run_cli, upload_tree)
 from test_e2e import read_tree, stats
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
@@ -513,6 +513,10 @@ def test_journal_disk_full_gives_enospc_and_keeps_earlier_files(seaweed, s3, buc
                         f.write(payload(11, MB))
             assert e.value.errno == errno.ENOSPC
             assert digest((mp / "first.bin").read_bytes()) == digest(first)
+            # close() has returned, but the kernel sends RELEASE in the background: the
+            # staging file goes at the later of the release and the unlink (CI once
+            # wrote after.bin between the two and got ENOSPC)
+            assert eventually(lambda: stats(mp)["open_handles"] == 0, timeout=30.0)
             os.unlink(mp / "huge.bin")                 # frees its journal space
             (mp / "after.bin").write_bytes(b"room again")
             sync(mp, env)
