@@ -165,19 +165,17 @@ class Rows:
         same name); returns how many were inserted."""
         rows = rows if isinstance(rows, list) else list(rows)
         cur = self.db.cursor()
-        if len(rows) <= INSERT_ROWS:          # one statement: atomic by itself
-            if rows:
-                cur.execute(_INSERT + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(rows)),
-                            [v for r in rows for v in r])
+
+        def put(part: list[tuple]) -> int:
+            cur.execute(_INSERT + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(part)),
+                        [v for r in part for v in r])
             return max(cur.rowcount, 0)
+
+        if len(rows) <= INSERT_ROWS:          # one statement: atomic by itself
+            return put(rows) if rows else 0
         cur.execute("BEGIN")
-        n = 0
         try:
-            for i in range(0, len(rows), INSERT_ROWS):
-                part = rows[i:i + INSERT_ROWS]
-                cur.execute(_INSERT + ",".join(["(?,?,?,?,?,?,?,?,?,?)"] * len(part)),
-                            [v for r in part for v in r])
-                n += cur.rowcount
+            n = sum(put(rows[i:i + INSERT_ROWS]) for i in range(0, len(rows), INSERT_ROWS))
         except BaseException:
             cur.execute("ROLLBACK")
             raise
