@@ -382,6 +382,11 @@ def test_rows_insert_in_statements_skips_names_present_and_counts():
                                                                            f"f{n - 1:06d}"}
         rows.add_lookup_each([100, 101, 100 + n - 1])
         assert [rows.lookups(i) for i in (100, 101, 102, 100 + n - 1)] == [1, 1, 0, 1]
+        names = [f"f{i:06d}" for i in range(n)]      # more than one IN (...) each
+        assert rows.present(1, names[::-1] + ["nope"]) == set(names)
+        rows.add_lookup_each(list(range(100 + 2, 100 + n)))
+        assert [rows.lookups(i) for i in (101, 102, 100 + INSERT_ROWS + 1, 100 + n - 1)] \
+            == [1, 1, 1, 2]
     finally:
         ns.close()
 

@@ -117,13 +117,16 @@ class Rows:
     def present(self, parent: int, names: list[str]) -> set[str]:
         """Which of ``names`` (at most a listing page's) ``parent`` has, in one query
         per INSERT_ROWS names (a point query each costs a GIL retake: see above)."""
-        out: set[str] = set()
-        for i in range(0, len(names), INSERT_ROWS):
-            part = names[i:i + INSERT_ROWS]
-            out.update(r[0] for r in self.db.execute(
-                "SELECT name FROM e WHERE parent = ? AND removed = 0 AND name IN (%s)"
-                % ",".join("?" * len(part)), (parent, *part)))
-        return out
+        return {r[0] for cur in self._each_in(
+            "SELECT name FROM e WHERE parent = ? AND removed = 0 AND name IN (%s)",
+            names, parent) for r in cur}
+
+    def _each_in(self, sql: str, values: list, *head):
+        """``sql`` run once per INSERT_ROWS of ``values``, its ``IN (%s)`` holding
+        them after the ``head`` parameters; yields each statement's cursor."""
+        for i in range(0, len(values), INSERT_ROWS):
+            part = values[i:i + INSERT_ROWS]
+            yield self.db.execute(sql % ",".join("?" * len(part)), (*head, *part))
 
     def page(self, parent: int, from_seq: int, limit: int) -> list[Row]:
         """Entries of ``parent`` with seq >= ``from_seq``, in seq order."""
@@ -194,10 +197,8 @@ class Rows:
     def add_lookup_each(self, inos: list[int]) -> None:
         """One more lookup for each of ``inos``, all distinct (readdirplus: the kernel
         keeps every entry of a reply it takes), in one statement per INSERT_ROWS."""
-        for i in range(0, len(inos), INSERT_ROWS):     # one statement per chunk (above)
-            part = inos[i:i + INSERT_ROWS]
-            self.db.execute("UPDATE e SET lookups = lookups + 1 WHERE ino IN (%s)"
-                            % ",".join("?" * len(part)), part)
+        for _ in self._each_in("UPDATE e SET lookups = lookups + 1 WHERE ino IN (%s)", inos):
+            pass
 
     def add_lookups(self, ino: int, n: int) -> None:
         self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ?", (n, ino))
