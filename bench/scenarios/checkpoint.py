@@ -393,14 +393,20 @@ def _ratios(ctx, rows: list[dict]) -> None:
         return next((r for r in rows if r["system"] == system and r["phase"] == phase
                      and "error" not in r), None)
     up, down, local = get("link", "durable"), get("link", "reload"), get("local", "save")
+    # local's close + fsync: where a journaled close() (NeuralCache's) stands like for like
+    local_durable = get("local", "durable")
     for system in dict.fromkeys(r["system"] for r in rows if r["system"] != "link"):
         s, d, rl = get(system, "save"), get(system, "durable"), get(system, "reload")
         parts = []
         if s:
             if local:
                 s["x_local_close"] = s["seconds"] / max(local["seconds"], 1e-9)
-            parts.append(f"close {s['seconds']:.2f} s"
-                         + (f" ({s['x_local_close']:.2f}x local)" if local else ""))
+            if local_durable and system != "local":
+                s["x_local_durable"] = s["seconds"] / max(local_durable["seconds"], 1e-9)
+            vs = [f"{s[k]:.2f}x {what}" for k, what in (
+                ("x_local_close", "local"), ("x_local_durable", "local close + fsync"))
+                if k in s]
+            parts.append(f"close {s['seconds']:.2f} s" + (f" ({', '.join(vs)})" if vs else ""))
         if d:
             if up and system != "local":
                 d["x_link_upload"] = d["seconds"] / max(up["seconds"], 1e-9)

@@ -117,6 +117,9 @@ def test_checkpoint_scenario_local_and_neuralcache(tmp_path, seaweed, s3, monkey
                 assert r["verify_errors"] == 0 and r["unit"] == "MB/s" and r["value"] > 0
         assert nc_dur["link_bytes_up"] >= nc_save["bytes"]      # it went up the link
         assert "x_link_upload" in nc_dur and "x_local_close" in nc_save
+        assert nc_save["x_local_durable"] == pytest.approx(
+            nc_save["seconds"] / by["local", "durable"]["seconds"])
+        assert any("x local close + fsync" in n for n in ctx.notes)
         assert "x_link_download" in by["neuralcache", "reload"]
         assert any(n.startswith("checkpoint neuralcache: close") for n in ctx.notes)
         assert not (ctx.data_dir / "checkpoint").exists()         # the local copy is gone

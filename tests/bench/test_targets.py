@@ -50,6 +50,7 @@ def test_kernel_path_targets_from_rows_and_a_breakdown():
             row("train-files", "epoch1", "mosaic-tuned", 650.0),
             row("checkpoint", "save", "neuralcache", 2.0),
             row("checkpoint", "save", "local", 1.8),
+            row("checkpoint", "durable", "local", 2.5),      # close + fsync
             row("checkpoint", "reload", "neuralcache", 300.0),
             row("checkpoint", "reload", "s3torchconnector", 320.0),
             row("multinode", "epoch1", "4x nc --shared-cache", 9.0),
@@ -72,8 +73,8 @@ def test_kernel_path_targets_from_rows_and_a_breakdown():
     assert got["cold bigfile"] == ("0.95 x s3torchconnector (neuralcache)", False)
     assert got["cold shards"] == ("1.10 x s3torchconnector-tuned (neuralcache-hints)", True)
     assert got["train-files epoch 1 with hints"] == ("1.08 x mosaic-tuned", True)
-    assert got["checkpoint close() / cold reload"] == ("1.11 x local / 0.94 x S3Checkpoint",
-                                                      False)
+    assert got["checkpoint close() / cold reload"] == (
+        "1.11 x local (0.80 x local close + fsync) / 0.94 x S3Checkpoint", False)
     assert got["multinode epoch 1, slowest node with --shared-cache / without"] == (
         "0.90", True)
     assert check_kernel_path({"rows": []})[0][3] is None       # nothing measured
