@@ -432,11 +432,10 @@ class WriteLayer(NameOps, Records, Barriers):
         if node is None or node.is_dir:
             return
         if lf.unlinked:      # still open: fstat() shows what its descriptors wrote
-            node.size, node.mtime = lf.size, lf.mtime
+            node.assign(size=lf.size, mtime=lf.mtime, ctime=time.time())
         else:
             self.ns.total_bytes += lf.size - node.size
-            node.size, node.version, node.mtime = lf.size, lf.version, lf.mtime
-        node.ctime = time.time()
+            node.assign(size=lf.size, version=lf.version, mtime=lf.mtime, ctime=time.time())
 
     # -- close, fsync -----------------------------------------------------------------
     async def flush(self, h: object) -> None:
