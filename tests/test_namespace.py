@@ -391,6 +391,37 @@ def test_rows_insert_in_statements_skips_names_present_and_counts():
         ns.close()
 
 
+def test_lookup_counts_wait_and_are_written_before_anything_reads_by_them():
+    """A LOOKUP's +1 is kept in memory (a statement each was a GIL retake), and written
+    before held_below / delete_unheld_children read the column, and at the bound."""
+    from neuralcache.meta import rows as rows_mod
+    ns = Namespace()
+    try:
+        rows = ns.rows
+        batch = [(100 + i, 1, f"f{i}", 0, i, 1.0, "v", 1.0, 0.0, i) for i in range(5)]
+        rows.insert(batch)
+        rows.add_lookups(100, 1)
+        rows.add_lookups(100, 1)
+        rows.add_lookups(101, 1)
+        assert rows.db.execute("SELECT sum(lookups) FROM e").fetchone()[0] == 0  # waiting
+        assert (rows.lookups(100), rows.lookups(101), rows.lookups(102)) == (2, 1, 0)
+        rows.add_lookups(100, -1)                 # a FORGET nets with what waits
+        assert rows.lookups(100) == 1
+        assert rows.held_below(1)
+        assert rows.db.execute("SELECT sum(lookups) FROM e").fetchone()[0] == 2  # written
+        rows.add_lookups(102, 1)
+        assert rows.delete_unheld_children(1) == {100, 101, 102}
+        rows.add_lookups(100, -5)                 # never below 0
+        assert rows.lookups(100) == 0
+        for i in range(rows_mod.PENDING_LOOKUPS_MAX):     # the bound writes them
+            rows.add_lookups(10 ** 6 + i, 1)
+        rows.add_lookups(101, 1)
+        assert len(rows._pending) < rows_mod.PENDING_LOOKUPS_MAX
+        assert rows.lookups(101) == 2
+    finally:
+        ns.close()
+
+
 class CountingBackend(TreeBackend):
     """Listings take ``delay`` each; counts how many run at once."""
 

@@ -55,6 +55,12 @@ _COLS = "ino, parent, name, dir, size, mtime, version, checked, ctime, seq, remo
 INSERT_ROWS = 3000
 _INSERT = ("INSERT OR IGNORE INTO e(ino, parent, name, dir, size, mtime, version, checked, "
            "ctime, seq) VALUES ")
+# Lookup counts added (each LOOKUP reply adds one) and not yet written.  A statement per
+# LOOKUP is a GIL retake on the trio thread (above): on the 1.28 M-file tree 12 % of
+# that thread's samples were in it (py-spy, bench/RESULTS.md twelfth sitting).  They
+# are written together (one statement per distinct count) before anything reads or
+# deletes by lookup count, and once this many inodes wait; a few KB of memory.
+PENDING_LOOKUPS_MAX = 1000
 
 
 class Row(NamedTuple):
@@ -95,6 +101,7 @@ class Rows:
             CREATE INDEX e_seq ON e(parent, seq);
         """)
         self.cache_bytes = cache_bytes
+        self._pending: dict[int, int] = {}     # ino -> lookups to add (PENDING_LOOKUPS_MAX)
 
     def close(self) -> None:
         self.db.close()
@@ -145,10 +152,11 @@ class Rows:
 
     def lookups(self, ino: int) -> int:
         r = self.db.execute("SELECT lookups FROM e WHERE ino = ?", (ino,)).fetchone()
-        return r[0] if r else 0
+        return r[0] + self._pending.get(ino, 0) if r else 0
 
     def held_below(self, parent: int) -> bool:
         """Does the kernel hold any entry of ``parent`` (or one removed from it)?"""
+        self._write_lookups()
         return self.db.execute("SELECT 1 FROM e WHERE parent = ? AND lookups > 0 LIMIT 1",
                                (parent,)).fetchone() is not None
 
@@ -201,14 +209,35 @@ class Rows:
             pass
 
     def add_lookups(self, ino: int, n: int) -> None:
-        self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ?", (n, ino))
+        if n > 0:                 # written later, with others (PENDING_LOOKUPS_MAX)
+            self._pending[ino] = self._pending.get(ino, 0) + n
+            if len(self._pending) >= PENDING_LOOKUPS_MAX:
+                self._write_lookups()
+            return
+        n += self._pending.pop(ino, 0)
+        if n:
+            self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ?",
+                            (n, ino))
+
+    def _write_lookups(self) -> None:
+        """The pending lookup counts into the table: one statement per distinct count."""
+        by_count: dict[int, list[int]] = {}
+        for ino, n in self._pending.items():
+            by_count.setdefault(n, []).append(ino)
+        self._pending = {}
+        for n, inos in by_count.items():
+            for _ in self._each_in("UPDATE e SET lookups = lookups + ? WHERE ino IN (%s)",
+                                   inos, n):
+                pass
 
     def delete(self, ino: int) -> None:
+        self._pending.pop(ino, None)
         self.db.execute("DELETE FROM e WHERE ino = ?", (ino,))
 
     def delete_unheld_children(self, parent: int) -> set[int]:
         """Drop the entries of ``parent`` the kernel does not hold (an evicted listing);
         returns the inodes of the entries left (held)."""
+        self._write_lookups()
         self.db.execute("DELETE FROM e WHERE parent = ? AND lookups = 0", (parent,))
         return {r[0] for r in self.db.execute("SELECT ino FROM e WHERE parent = ?",
                                               (parent,))}
