@@ -3,10 +3,13 @@ RSS after mount and after stat-ing files, and the longest stat() of never-seen f
 over WINDOW seconds with --metadata-ttl TTL (code before 996136b re-listed the whole
 tree every TTL on the trio thread; later code refreshes directories in the background).
 
-    python -m bench.tools.million TREE CODE_DIR LABEL [find]
+    python -m bench.tools.million TREE CODE_DIR LABEL [find | lookups]
 
 With ``find``: the time of `find MNT/train -type f` right after mount instead (the
-walk the lister's crawl-ahead serves).
+walk the lister's crawl-ahead serves).  With ``lookups``: the daemon's CPU per LOOKUP
+answered from the table: 20 directories listed (a stat() of one file each), then a
+stat() of each of their other 25,600 files in a shuffled order (no readdir, so the
+kernel holds none of them).
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (the
@@ -14,7 +17,9 @@ DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (th
 """
 import json, os, random, subprocess, sys, time
 src, code, label = sys.argv[1], sys.argv[2], sys.argv[3]
-walk = sys.argv[4:] == ["find"]
+mode = sys.argv[4] if len(sys.argv) > 4 else "stats"
+if mode not in ("stats", "find", "lookups"):
+    sys.exit("usage: python -m bench.tools.million TREE CODE_DIR LABEL [find | lookups]")
 TTL, WINDOW = 30, 75
 mnt, cache = f"/tmp/nsba-{label}", f"/tmp/nsba-{label}-cache"
 os.makedirs(mnt, exist_ok=True)
@@ -23,6 +28,25 @@ nc = [sys.executable, "-m", "neuralcache"]
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+def cpu_s(pid):
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+def lookups(pid):
+    """The ``lookups`` mode (above)."""
+    dirs = sorted(os.listdir(f"{src}/train"))[:20]
+    names = {d: sorted(os.listdir(f"{src}/train/{d}")) for d in dirs}
+    for d in dirs:                              # listed by a lookup's wait
+        os.stat(f"{mnt}/train/{d}/{names[d][0]}")
+    todo = [(d, n) for d in dirs for n in names[d][1:]]
+    random.Random(1).shuffle(todo)
+    time.sleep(1)
+    c0, t0 = cpu_s(pid), time.monotonic()
+    for d, n in todo:
+        os.stat(f"{mnt}/train/{d}/{n}")
+    t1, c1 = time.monotonic(), cpu_s(pid)
+    print(json.dumps({"label": label, "code": code, "stats": len(todo),
+                      "wall_s": round(t1 - t0, 2), "daemon_cpu_s": round(c1 - c0, 2),
+                      "daemon_cpu_us_per_stat": round((c1 - c0) / len(todo) * 1e6, 1)}))
 t0 = time.monotonic()
 r = subprocess.run(nc + ["mount", src, mnt, "--cache-dir", cache, "--metadata-ttl", str(TTL)], env=env, cwd=code, capture_output=True, text=True, timeout=900)
 mount_s = time.monotonic() - t0
@@ -30,7 +54,10 @@ assert r.returncode == 0, r.stderr
 try:
     pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
     rss_mount = rss(pid)
-    if walk:
+    if mode == "lookups":
+        lookups(pid)
+        sys.exit(0)
+    if mode == "find":
         t1 = time.monotonic()
         r = subprocess.run(["find", f"{mnt}/train", "-type", "f"], capture_output=True,
                            text=True, timeout=900, check=True)
