@@ -13,8 +13,9 @@ at mount.  In memory there are only:
 
 Inode numbers are given out in order and stay with their entry for the life of the
 mount; lookup counts follow the FUSE protocol (``remember`` adds, ``forget``
-subtracts) and are kept in the row, so an entry removed from the remote stays
-resolvable by inode until the kernel forgets it.
+subtracts) and are kept in the row (additions wait in memory a while: Rows.add_lookups),
+so an entry removed from the remote stays resolvable by inode until the kernel forgets
+it.
 
 Directories come from key prefixes.  A key that is both an object and a prefix of
 other keys (S3 allows "a" and "a/b") shows as a directory; the object is hidden and
@@ -81,10 +82,15 @@ class Node:
     ctime = _Column()            # last change made here (a --writable mount); 0: mtime
     removed = _Column()          # gone from the tree, kept until forgotten
 
+    # What assign() may set: attributes with a slot and no bookkeeping of their own
+    # (a name or parent changes through Namespace.move).
+    _ASSIGNABLE = frozenset({"size", "version", "mtime", "checked", "ctime", "removed"})
+
     def assign(self, **values) -> None:
         """Set several columns at once: one row write (each statement is a GIL retake
         on the trio thread, which waits behind busy worker threads: a --writable
         mount's every WRITE sets four)."""
+        assert values.keys() <= Node._ASSIGNABLE, values
         self._ns.rows.set_many(self.inode, **values)
         for col, value in values.items():
             setattr(self, "_" + col, value)

@@ -8,8 +8,8 @@ tree every TTL on the trio thread; later code refreshes directories in the backg
 With ``find``: the time of `find MNT/train -type f` right after mount instead (the
 walk the lister's crawl-ahead serves).  With ``lookups``: the daemon's CPU per LOOKUP
 answered from the table: 20 directories listed (a stat() of one file each), then a
-stat() of each of their other 25,600 files in a shuffled order (no readdir, so the
-kernel holds none of them).
+stat() of each of their other 25,600 files in a shuffled order (no readdir, so no
+readdirplus gave the kernel any of them ahead: each stat() is a LOOKUP).
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (the
@@ -29,7 +29,8 @@ def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
 def cpu_s(pid):
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 def lookups(pid):
     """The ``lookups`` mode (above)."""

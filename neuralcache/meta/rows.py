@@ -21,7 +21,8 @@ Schema::
       parent INTEGER, name TEXT, dir INTEGER (0/1),
       size INTEGER, mtime REAL, version TEXT, checked REAL, ctime REAL,
       seq INTEGER,               -- order in its directory: readdir offsets
-      lookups INTEGER,           -- the kernel's lookup count (FUSE forget protocol)
+      lookups INTEGER,           -- the kernel's lookup count (FUSE forget protocol),
+                                 -- less what waits in memory (add_lookups)
       removed INTEGER)           -- gone from the tree, kept while the kernel holds it
     UNIQUE INDEX (parent, name) WHERE removed = 0
     INDEX (parent, seq)
@@ -124,16 +125,17 @@ class Rows:
     def present(self, parent: int, names: list[str]) -> set[str]:
         """Which of ``names`` (at most a listing page's) ``parent`` has, in one query
         per INSERT_ROWS names (a point query each costs a GIL retake: see above)."""
-        return {r[0] for cur in self._each_in(
+        return {r[0] for _, cur in self._each_in(
             "SELECT name FROM e WHERE parent = ? AND removed = 0 AND name IN (%s)",
             names, parent) for r in cur}
 
     def _each_in(self, sql: str, values: list, *head):
         """``sql`` run once per INSERT_ROWS of ``values``, its ``IN (%s)`` holding
-        them after the ``head`` parameters; yields each statement's cursor."""
+        them after the ``head`` parameters; yields (the values, the cursor) of each
+        statement once it has run."""
         for i in range(0, len(values), INSERT_ROWS):
             part = values[i:i + INSERT_ROWS]
-            yield self.db.execute(sql % ",".join("?" * len(part)), (*head, *part))
+            yield part, self.db.execute(sql % ",".join("?" * len(part)), (*head, *part))
 
     def page(self, parent: int, from_seq: int, limit: int) -> list[Row]:
         """Entries of ``parent`` with seq >= ``from_seq``, in seq order."""
@@ -220,15 +222,16 @@ class Rows:
                             (n, ino))
 
     def _write_lookups(self) -> None:
-        """The pending lookup counts into the table: one statement per distinct count."""
+        """The pending lookup counts into the table: one statement per distinct count.
+        A count leaves memory only once its statement ran (a failed one keeps them)."""
         by_count: dict[int, list[int]] = {}
         for ino, n in self._pending.items():
             by_count.setdefault(n, []).append(ino)
-        self._pending = {}
         for n, inos in by_count.items():
-            for _ in self._each_in("UPDATE e SET lookups = lookups + ? WHERE ino IN (%s)",
-                                   inos, n):
-                pass
+            for part, _ in self._each_in(
+                    "UPDATE e SET lookups = lookups + ? WHERE ino IN (%s)", inos, n):
+                for ino in part:
+                    del self._pending[ino]
 
     def delete(self, ino: int) -> None:
         self._pending.pop(ino, None)
