@@ -386,7 +386,7 @@ def test_rows_insert_in_statements_skips_names_present_and_counts():
         assert rows.present(1, names[::-1] + ["nope"]) == set(names)
         rows.add_lookup_each(list(range(100 + 2, 100 + n)))
         assert [rows.lookups(i) for i in (101, 102, 100 + INSERT_ROWS + 100, 100 + n - 1)] \
-            == [1, 1, 1, 2]                          # one of each statement
+            == [1, 1, 1, 2]                          # one of each IN (...) chunk
     finally:
         ns.close()
 

@@ -206,9 +206,12 @@ class Rows:
 
     def add_lookup_each(self, inos: list[int]) -> None:
         """One more lookup for each of ``inos``, all distinct (readdirplus: the kernel
-        keeps every entry of a reply it takes), in one statement per INSERT_ROWS."""
-        for _ in self._each_in("UPDATE e SET lookups = lookups + 1 WHERE ino IN (%s)", inos):
-            pass
+        keeps every entry of a reply it takes): they wait with the others and are
+        written together (add_lookups)."""
+        for ino in inos:
+            self._pending[ino] = self._pending.get(ino, 0) + 1
+        if len(self._pending) >= PENDING_LOOKUPS_MAX:
+            self._write_lookups()
 
     def add_lookups(self, ino: int, n: int) -> None:
         if n > 0:                 # written later, with others (PENDING_LOOKUPS_MAX)
