@@ -510,10 +510,9 @@ class Namespace:
     def forget(self, inode: int, n: int) -> None:
         if inode == ROOT_INODE:
             return
-        self.rows.add_lookups(inode, -n)
-        row = self.rows.get(inode)
-        if row is not None and row.removed and self.rows.lookups(inode) == 0:
-            self._delete(inode, bool(row.dir))
+        is_dir = self.rows.forget(inode, n)
+        if is_dir is not None:          # removed, and the kernel holds it no more
+            self._delete(inode, is_dir)
 
     def __len__(self) -> int:
         return self.rows.count()

@@ -407,8 +407,8 @@ def test_lookup_counts_wait_and_are_written_before_anything_reads_by_them():
         rows.add_lookups(101, 1)
         assert column() == 0                                         # waiting
         assert (rows.lookups(100), rows.lookups(101), rows.lookups(102)) == (2, 1, 0)
-        rows.add_lookups(100, -1)                 # a FORGET nets with what waits
-        assert rows.lookups(100) == 1 and column() == 1
+        assert rows.forget(100, 1) is None        # a FORGET nets with what waits
+        assert rows.lookups(100) == 1 and column() == 0 and rows._pending[100] == 1
         rows.add_lookups(200, 1)                  # directory 2's only held entry: waiting
         assert rows.held_below(2) and column() == 3                  # written first
         assert not rows.held_below(3)
@@ -417,13 +417,20 @@ def test_lookup_counts_wait_and_are_written_before_anything_reads_by_them():
         assert 201 not in rows._pending
         rows.add_lookups(102, 1)
         assert rows.delete_unheld_children(1) == {100, 101, 102}
-        rows.add_lookups(100, -5)                 # never below 0
+        assert rows.forget(100, 5) is None        # never below 0; 100 is not removed
         assert rows.lookups(100) == 0
         for i in range(rows_mod.PENDING_LOOKUPS_MAX):     # the bound writes them
             rows.add_lookups(10 ** 6 + i, 1)
         rows.add_lookups(101, 1)
         assert len(rows._pending) < rows_mod.PENDING_LOOKUPS_MAX
         assert rows.lookups(101) == 2
+        rows.set_many(101, removed=1)             # unlinked while the kernel holds it
+        assert rows.forget(101, 1) is None and rows.get(101).removed
+        assert rows.forget(101, 1) is False       # let go: the caller deletes the file
+        rows.add_lookups(102, 1)                  # one written, one waiting
+        rows.set_many(102, removed=1)
+        assert rows.forget(102, 1) is None        # nets with the waiting one: held
+        assert rows.forget(102, 1) is False
     finally:
         ns.close()
 

@@ -214,15 +214,24 @@ class Rows:
             self._write_lookups()
 
     def add_lookups(self, ino: int, n: int) -> None:
-        if n > 0:                 # written later, with others (PENDING_LOOKUPS_MAX)
-            self._pending[ino] = self._pending.get(ino, 0) + n
-            if len(self._pending) >= PENDING_LOOKUPS_MAX:
-                self._write_lookups()
-            return
-        n += self._pending.pop(ino, 0)
-        if n:
-            self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ?",
-                            (n, ino))
+        """``n`` (> 0) more lookups of ``ino``: written later, with others
+        (PENDING_LOOKUPS_MAX)."""
+        self._pending[ino] = self._pending.get(ino, 0) + n
+        if len(self._pending) >= PENDING_LOOKUPS_MAX:
+            self._write_lookups()
+
+    def forget(self, ino: int, n: int) -> bool | None:
+        """A FORGET: ``n`` lookups fewer for ``ino``, netted with what waits (never
+        below 0).  Returns None while the kernel still holds ``ino`` or its row is not
+        removed; else whether it is a directory (the caller deletes the row).  At most
+        one statement: none while waiting lookups outnumber ``n``."""
+        left = self._pending.pop(ino, 0) - n
+        if left > 0:
+            self._pending[ino] = left
+            return None
+        r = self.db.execute("UPDATE e SET lookups = max(0, lookups + ?) WHERE ino = ? "
+                            "RETURNING lookups, removed, dir", (left, ino)).fetchone()
+        return bool(r[2]) if r is not None and r[0] == 0 and r[1] else None
 
     def _write_lookups(self) -> None:
         """The pending lookup counts into the table: one statement per distinct count.
