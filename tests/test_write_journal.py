@@ -290,6 +290,55 @@ def test_a_failed_part_is_resent_alone(tmp_path, monkeypatch):
     assert up.errors == 1
 
 
+def test_a_stream_sends_at_most_its_cap_of_parts_while_open_and_none_after_handover(
+        tmp_path):
+    """While its file is open a stream keeps STREAM_IN_FLIGHT parts going, each that
+    finishes starts the next the writer has passed; once handed to the put after
+    close it starts none (the put sends the rest at full width)."""
+    from neuralcache.write import stream as stmod
+
+    class Slow(MemBackend):
+        now = peak = 0
+
+        def upload_part(self, key, uid, n, off, data):
+            with self.lock:
+                self.now += 1
+                self.peak = max(self.peak, self.now)
+            time.sleep(0.02)
+            with self.lock:
+                self.now -= 1
+            return super().upload_part(key, uid, n, off, data)
+
+    part, be = 64 * 1024, Slow()
+    j = Journal(str(tmp_path))
+    j.open()
+    name = staged(j, os.urandom(10 * part))
+
+    async def main():
+        up = Uploader(be, j, Committer(j, lambda: []), OpQueue(), sealed=lambda s: True,
+                      on_done=lambda op, info: None)
+        async with trio.open_nursery() as n:
+            await n.start(up.run)
+            s = up.streams.start("k", name, part)
+            up.streams.feed(s, 6 * part + 5)          # the writer passed 6 parts
+            assert s.inflight == stmod.STREAM_IN_FLIGHT
+            await s.ready.wait()
+            while s.inflight:
+                await s.idle.wait()
+            assert sorted(s.tags) == [1, 2, 3, 4, 5, 6] and s.sent_upto == 6 * part
+            up.streams.feed(s, 10 * part)
+            s.handed_over = True                      # closed: the put takes it over
+            await s.idle.wait()
+            cap = stmod.STREAM_IN_FLIGHT        # the parts started before the handover
+            assert sorted(s.tags) == list(range(1, 7 + cap))
+            n.cancel_scope.cancel()
+        return s
+
+    s = trio.run(main)
+    j.close()
+    assert be.peak == stmod.STREAM_IN_FLIGHT
+
+
 def test_a_permanent_error_fails_the_barrier_at_once_and_the_data_stays(tmp_path):
     be = MemBackend()
     be.fail["put"] = [PermissionDenied("access denied")] * 100

@@ -1,7 +1,8 @@
 """Uploads that start while a new file is still being written: once a file created
 empty (create, or O_TRUNC) passes ``START_PARTS`` parts, a multipart upload begins
-and every part is sent as soon as the writer has moved past it, so that a checkpoint
-is mostly on the remote by the time it is closed.
+and the parts the writer has moved past are sent, ``STREAM_IN_FLIGHT`` at a time, so
+that part of a checkpoint is on the remote by the time it is closed without taking
+the cores its writer needs.
 
 Only the publication is ordered: the parts are invisible until the upload completes,
 and the put operation that completes it runs in queue order (opqueue.py) like any
@@ -28,6 +29,14 @@ log = logging.getLogger(__name__)
 # A stream starts once a file holds this many parts: files up to one part go in one
 # PUT anyway, and a file that stops just past one part gains little from streaming.
 START_PARTS = 2
+# Parts one stream sends at once while its file is still open; the rest go at the
+# uploader's full width once the file is closed (uploader.py _multipart).  The writer,
+# its FUSE requests and the parts' reads and HTTP share the node's cores: sending every
+# part passed at once (up to the uploader's 16 requests) made a 1 GiB checkpoint's
+# close() 1.73-2.80x local's close here; 2 at once 1.28-2.17x, 1 at once 1.22-1.59x,
+# with the time until the remote held it the same (bench/RESULTS.md, thirteenth
+# sitting: 15 runs of `python -m bench run --scenario checkpoint`).
+STREAM_IN_FLIGHT = 1
 
 
 class Stream:
@@ -36,6 +45,7 @@ class Stream:
         self.upload_id: str | None = None
         self.tags: dict[int, str] = {}
         self.next = 1                 # next part number to send
+        self.fed = 0                  # bytes landed (behind.py landed_upto) at the last feed
         self.inflight = 0
         self.dead = False
         self.handed_over = False
@@ -86,10 +96,13 @@ class Streams:
             await self.abort(s)
 
     def feed(self, s: Stream, size: int) -> None:
-        """The file now holds ``size`` bytes: send every part the writer has passed."""
+        """The file now holds ``size`` bytes: send the parts the writer has passed, up
+        to STREAM_IN_FLIGHT at once (a part that finishes feeds the next)."""
+        s.fed = size
         n = self.uploader.nursery
-        while not s.dead and n is not None and size >= s.next * s.part:
-            if s.inflight == 0:
+        while (not s.dead and not s.handed_over and n is not None
+               and s.inflight < STREAM_IN_FLIGHT and s.fed >= s.next * s.part):
+            if s.idle.is_set():
                 s.idle = trio.Event()
             s.inflight += 1
             n.start_soon(self._send, s, s.next)
@@ -124,6 +137,7 @@ class Streams:
                      number, s.key, exc)
         finally:
             s.inflight -= 1
+            self.feed(s, s.fed)
             if s.inflight == 0:
                 s.idle.set()
 
