@@ -61,3 +61,23 @@ def test_read_into_cache_reads_every_file_under_the_root(tmp_path):
     (tmp_path / "empty").write_bytes(b"")
     assert read_into_cache(tmp_path) == (9 << 20) + 100
     assert read_into_cache(tmp_path / "missing") == 0
+
+
+def test_warm_epochs_repeat_until_the_minimum_time_and_sum():
+    seeds = []
+
+    def epoch(seconds):
+        def run(n):
+            seeds.append(n)
+            return {"seconds": seconds, "bytes": 10, "files": 2, "verify_errors": n == 3,
+                    "readers": 8, "value": 0.0, "unit": "files/s"}
+        return run
+
+    r = samples.warm_epochs(epoch(samples.WARM_MIN_S / 4))       # fast: 4 epochs
+    assert seeds == [2, 3, 4, 5] and r["epochs"] == 4 and r["files"] == 8
+    assert r["verify_errors"] == 1 and r["readers"] == 8
+    assert r["value"] == 8 / samples.WARM_MIN_S
+    seeds.clear()
+    assert samples.warm_epochs(epoch(samples.WARM_MIN_S * 3))["epochs"] == 1  # slow: one
+    seeds.clear()
+    assert samples.warm_epochs(epoch(0.0))["epochs"] == samples.WARM_MAX_EPOCHS
