@@ -24,6 +24,7 @@ from predictors import make_default_predictor
 
 from . import cpuacct
 from .fs import control
+from .fs import loop as fuse_loop
 from .admin import mounts
 from .backends import open_backend
 from .backends.s3 import describe_check_error
@@ -354,6 +355,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
                 on_ready(None)
                 sd_notify("READY=1\nSTATUS=serving " + cfg.source)
+                fuse_loop.install()
                 await pyfuse3.main()
                 n.cancel_scope.cancel()
             if writes is not None:

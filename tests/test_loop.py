@@ -1,0 +1,93 @@
+"""neuralcache/fs/loop.py: the stand-in pyfuse3's request loop waits through (the
+mounts of the end-to-end tests run on it; these check its two parts alone)."""
+import os
+
+import pyfuse3
+import trio
+import trio.testing
+
+from neuralcache.fs import loop
+
+
+def test_the_lock_excludes_and_serves_waiters_in_order():
+    order, inside = [], []
+
+    async def main():
+        lock = loop._Lock()
+
+        async def one(i):
+            async with lock:
+                inside.append(i)
+                assert len(inside) == 1, "two tasks inside the lock"
+                await trio.sleep(0.01)
+                order.append(i)
+                inside.remove(i)
+
+        async with trio.open_nursery() as n:
+            for i in range(5):
+                n.start_soon(one, i)
+                await trio.testing.wait_all_tasks_blocked()
+        assert not lock._held and not lock._lot
+
+    trio.run(main)
+    assert order == [0, 1, 2, 3, 4]
+
+
+def test_a_free_lock_is_taken_without_a_scheduler_pass():
+    async def main():
+        lock = loop._Lock()
+        ran = []
+
+        async def other():
+            ran.append(1)
+
+        async with trio.open_nursery() as n:
+            n.start_soon(other)
+            async with lock:                # no checkpoint: `other` has not run yet
+                assert ran == []
+            await trio.sleep(0)
+            assert ran == [1]
+
+    trio.run(main)
+
+
+def test_wait_readable_returns_when_data_is_there_and_waits_when_not():
+    r, w = os.pipe()
+    try:
+        async def main():
+            os.write(w, b"x")
+            with trio.fail_after(1):
+                await loop._wait_readable(r)        # already readable
+            os.read(r, 1)
+            woke = []
+
+            async def waiter():
+                await loop._wait_readable(r)
+                woke.append(1)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(waiter)
+                await trio.sleep(0.05)
+                assert woke == [], "returned with nothing to read"
+                os.write(w, b"y")
+            assert woke == [1]
+
+        trio.run(main)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_install_gives_pyfuse3_the_stand_in_and_forwards_the_rest(monkeypatch):
+    monkeypatch.setattr(pyfuse3, "trio", trio)
+    monkeypatch.setattr(loop, "FAST_LOOP", True)
+    assert loop.install()
+    t = pyfuse3.trio
+    assert t.Lock is loop._Lock
+    assert t.lowlevel.wait_readable is loop._wait_readable
+    assert t.open_nursery is trio.open_nursery
+    assert t.ClosedResourceError is trio.ClosedResourceError
+    assert t.lowlevel.notify_closing is trio.lowlevel.notify_closing
+    monkeypatch.setattr(pyfuse3, "trio", trio)
+    monkeypatch.setattr(loop, "FAST_LOOP", False)
+    assert not loop.install() and pyfuse3.trio is trio
