@@ -45,7 +45,7 @@ def test_a_free_lock_is_taken_without_a_scheduler_pass():
             n.start_soon(other)
             async with lock:                # no checkpoint: `other` has not run yet
                 assert ran == []
-            await trio.sleep(0)
+            await trio.testing.wait_all_tasks_blocked()
             assert ran == [1]
 
     trio.run(main)
@@ -91,3 +91,41 @@ def test_install_gives_pyfuse3_the_stand_in_and_forwards_the_rest(monkeypatch):
     monkeypatch.setattr(pyfuse3, "trio", trio)
     monkeypatch.setattr(loop, "FAST_LOOP", False)
     assert not loop.install() and pyfuse3.trio is trio
+
+
+def test_ready_requests_let_other_tasks_run_every_batch():
+    """Back-to-back requests skip the scheduler pass, but never more than
+    READY_BATCH in a row: another task runs between each batch."""
+    r, w = os.pipe()
+    try:
+        os.write(w, b"x")                   # stays readable: nothing reads it
+        runs = []
+
+        async def main():
+            loop._ready_run = 0
+            ticks = [0]
+
+            async def other():
+                while True:
+                    ticks[0] += 1
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as n:
+                n.start_soon(other)
+                await trio.sleep(0)
+                for _ in range(4 * loop.READY_BATCH):
+                    before = ticks[0]
+                    await loop._wait_readable(r)
+                    runs.append(ticks[0] - before)
+                n.cancel_scope.cancel()
+
+        trio.run(main)
+        # other ran only on the calls that closed a batch, and at every pass (trio
+        # runs a batch of runnable tasks in random order: it may run just after the
+        # caller resumed, and count toward the next batch's call)
+        closing = [i % loop.READY_BATCH == loop.READY_BATCH - 1 for i in range(len(runs))]
+        assert all(n == 0 for n, c in zip(runs, closing) if not c), runs
+        assert sum(runs) >= 3, runs
+    finally:
+        os.close(r)
+        os.close(w)
