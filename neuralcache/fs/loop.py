@@ -17,9 +17,12 @@ to trio except two things:
   trio ParkingLot, first come first served).  Only pyfuse3's read lock uses it.
 - ``lowlevel.wait_readable``: a zero-timeout ``poll()`` of the fd first; when a request
   is already there it returns at once, and every READY_BATCH-th time in a row through
-  one scheduler pass (``cancel_shielded_checkpoint``), so every other task (a handler
+  one scheduler pass (``trio.lowlevel.checkpoint``), so every other task (a handler
   whose fetch finished, a worker thread's result, a timer) still runs within a few
-  requests.  When nothing is queued, trio's own ``wait_readable``.
+  requests, and a cancelled loop (a part of the daemon failed) stops within a few too.
+  The pass comes after the poll, never between pyfuse3's exit check and the wait: a
+  ``terminate()`` meanwhile would close the fd under a task about to wait on it.  When
+  nothing is queued, trio's own ``wait_readable``.
 
 Nothing else of the loop changes: one task reads at a time, the read that follows is
 pyfuse3's.  NEURALCACHE_FAST_LOOP=0 leaves pyfuse3 on plain trio.
@@ -52,12 +55,15 @@ class _Lock:
         self._held = False
         self._lot = trio.lowlevel.ParkingLot()
 
+    @trio.lowlevel.enable_ki_protection
     async def __aenter__(self) -> None:
         if self._held or self._lot:
             await self._lot.park()      # the releaser hands it over (_held stays True)
         else:
+            await trio.lowlevel.checkpoint_if_cancelled()   # no pass unless cancelled
             self._held = True
 
+    @trio.lowlevel.enable_ki_protection
     async def __aexit__(self, *exc) -> None:
         if self._lot:
             self._lot.unpark(count=1)   # ownership passes to the first waiter
@@ -79,7 +85,7 @@ async def _wait_readable(fd: int) -> None:
         _ready_run += 1
         if _ready_run >= READY_BATCH:
             _ready_run = 0
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.lowlevel.checkpoint()    # a cancelled loop stops here
     else:
         _ready_run = 0
         await trio.lowlevel.wait_readable(fd)
