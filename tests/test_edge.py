@@ -76,3 +76,31 @@ def test_a_gone_object_that_was_not_moved_is_enoent():
         trio.run(ops.read, fh, 0, 100)
     assert e.value.errno == errno.ENOENT
     assert store.reads == [OLD] and ops.stats.read_errors == 1
+
+
+def test_dropping_a_changed_files_pages_leaves_the_request_thread_free(monkeypatch):
+    """The kernel drops an inode's pages under their page locks, and a READ in flight
+    holds its page locked until the request thread answers it: the drop must not run
+    on that thread (it would wait for itself)."""
+    import threading
+
+    answered = threading.Event()
+    calls = []
+
+    def invalidate_inode(inode, attr_only=False):
+        calls.append((inode, threading.current_thread() is threading.main_thread()))
+        assert answered.wait(5), "the READ was never answered: the request thread waited"
+
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", invalidate_inode)
+    ops = edge(MovingStore([]))
+
+    async def main():
+        ops._kernel_version[7] = "etag-1"
+        ops._invalidate_inode(7)
+        await trio.sleep(0.05)          # the request thread still serves (the READ)
+        answered.set()
+        while not calls:
+            await trio.sleep(0.01)
+
+    trio.run(main)
+    assert calls == [(7, False)] and 7 not in ops._kernel_version

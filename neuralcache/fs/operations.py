@@ -190,12 +190,21 @@ class Operations(pyfuse3.Operations):
         return fh
 
     def _invalidate_inode(self, inode: int) -> None:
-        """The object changed on the remote: the kernel drops its cached pages."""
+        """The object changed on the remote: the kernel drops its cached pages (and the
+        next open gets keep_cache=False meanwhile).  From a worker thread: the kernel
+        locks each page to drop it, and a READ of the inode in flight holds its page
+        locked until this thread answers it."""
         self._kernel_version.pop(inode, None)
-        try:
-            pyfuse3.invalidate_inode(inode)
-        except OSError:
-            pass   # the kernel does not know this inode: nothing to drop
+        trio.lowlevel.spawn_system_task(self._drop_pages, inode)
+
+    @staticmethod
+    async def _drop_pages(inode: int) -> None:
+        def drop() -> None:
+            try:
+                pyfuse3.invalidate_inode(inode)
+            except OSError:
+                pass   # the kernel does not know this inode: nothing to drop
+        await trio.to_thread.run_sync(drop, abandon_on_cancel=True)
 
     # -- lookups -------------------------------------------------------------------
     @_edge
