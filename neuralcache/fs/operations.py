@@ -199,12 +199,16 @@ class Operations(pyfuse3.Operations):
 
     @staticmethod
     async def _drop_pages(inode: int) -> None:
+        """A system task: an exception out of it would stop the daemon."""
         def drop() -> None:
             try:
                 pyfuse3.invalidate_inode(inode)
             except OSError:
                 pass   # the kernel does not know this inode: nothing to drop
-        await trio.to_thread.run_sync(drop, abandon_on_cancel=True)
+        try:
+            await trio.to_thread.run_sync(drop, abandon_on_cancel=True)
+        except Exception:  # the next open drops the pages anyway (keep_cache=False)
+            log.exception("dropping the kernel's pages of inode %d failed", inode)
 
     # -- lookups -------------------------------------------------------------------
     @_edge
