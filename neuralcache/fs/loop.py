@@ -41,11 +41,9 @@ FAST_LOOP = os.environ.get("NEURALCACHE_FAST_LOOP", "1") == "1"
 # Requests taken back to back (the fd already readable) before the loop lets the other
 # tasks run.  A request that waits on anything (a fetch, a worker thread) lets them run
 # anyway; this bounds the run of ones that do not (OPEN, RELEASE, LOOKUP from the
-# table: ~40 us each).  Warm epochs of 1,000 small files on a mount of a local
-# directory, 8 readers (bench/RESULTS.md, fourteenth sitting): a pass per request
-# 16,300-17,700 files/s, every 4th 20,000-21,800, every 8th 21,200-23,200, every 16th
-# 21,300-22,800, the directory itself 21,300-22,400.
-READY_BATCH = 8
+# table: ~40 us each).  8: `python -m bench.tools.warmfiles` with
+# NEURALCACHE_READY_BATCH=1/4/8/16 (bench/RESULTS.md, fourteenth sitting).
+READY_BATCH = max(1, int(os.environ.get("NEURALCACHE_READY_BATCH", "8")))
 
 
 class _Lock:
