@@ -335,6 +335,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             async with trio.open_nursery() as n:
                 await n.start(store.run)
                 await n.start(lister.run)
+                await n.start(ops.pages.run)
                 if shared is not None:
                     await n.start(shared.run)
                 n.start_soon(_on_signals)

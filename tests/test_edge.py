@@ -95,12 +95,49 @@ def test_dropping_a_changed_files_pages_leaves_the_request_thread_free(monkeypat
     ops = edge(MovingStore([]))
 
     async def main():
-        ops._kernel_version[7] = "etag-1"
-        ops._invalidate_inode(7)
-        await trio.sleep(0.05)          # the request thread still serves (the READ)
-        answered.set()
-        while not calls:
-            await trio.sleep(0.01)
+        async with trio.open_nursery() as n:
+            await n.start(ops.pages.run)
+            ops._kernel_version[7] = "etag-1"
+            ops._invalidate_inode(7)
+            await trio.sleep(0.05)          # the request thread still serves (the READ)
+            answered.set()
+            while not calls:
+                await trio.sleep(0.01)
+            n.cancel_scope.cancel()
 
     trio.run(main)
     assert calls == [(7, False)] and 7 not in ops._kernel_version
+
+
+def test_a_mass_change_drops_each_inode_once_in_few_thread_hand_offs(monkeypatch):
+    """A refresh that finds thousands of changed files: each inode's pages are dropped
+    once however often it is queued, oldest first, in one thread at a time and one
+    hand-off per DROP_BATCH inodes (it was a task and a thread per inode)."""
+    import threading
+
+    from neuralcache.fs import pagedrop
+
+    calls, threads, hand_offs = [], set(), []
+    monkeypatch.setattr(pyfuse3, "invalidate_inode",
+                        lambda inode, attr_only=False: (calls.append(inode),
+                                                        threads.add(threading.get_ident())))
+    real = pagedrop._drop_all
+    monkeypatch.setattr(pagedrop, "_drop_all", lambda b: (hand_offs.append(len(b)), real(b)))
+    ops = edge(MovingStore([]))
+    n_files = 5 * pagedrop.DROP_BATCH + 3
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(ops.pages.run)
+            for ino in range(100, 100 + n_files):
+                ops._invalidate_inode(ino)
+            for ino in range(100, 110):        # changed again before the drop: once
+                ops._invalidate_inode(ino)
+            while ops.pages.pending() or ops.pages.dropped < n_files:
+                await trio.sleep(0.01)
+            n.cancel_scope.cancel()
+
+    trio.run(main)
+    assert calls == list(range(100, 100 + n_files))
+    assert len(hand_offs) == 6 and max(hand_offs) == pagedrop.DROP_BATCH
+    assert threading.get_ident() not in threads

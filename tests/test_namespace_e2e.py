@@ -69,6 +69,7 @@ def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp
     with nc_mount(seaweed, bucket, tmp_path, "--metadata-ttl", "1") as mp:
         assert len(os.listdir(mp / "d")) == 3001
         assert (mp / "d/gone").read_bytes() == b"g"
+        assert (mp / "d/0005").read_bytes() == b"x"      # its page is in the kernel now
         s3.delete_object(Bucket=bucket, Key="d/gone")
         s3.put_object(Bucket=bucket, Key="d/new", Body=b"new")
         s3.put_object(Bucket=bucket, Key="d/0005", Body=b"changed")

@@ -31,6 +31,7 @@ from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
+from .pagedrop import PageDropper
 from .push import Pusher
 from .trace import TraceRing
 
@@ -146,6 +147,7 @@ class Operations(pyfuse3.Operations):
         self._kernel_version: dict[int, str] = {}   # inode -> version last opened
         self._reading: dict[int, int] = {}          # inode -> open FileHandles
         self.pusher = Pusher(store, stats, trace, prefetcher, self._reading.get)
+        self.pages = PageDropper()      # daemon.py runs it in the mount's nursery
         # A --writable mount: neuralcache.write.layer.WriteLayer, else None (EROFS).
         self.writes = writes
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
@@ -190,25 +192,10 @@ class Operations(pyfuse3.Operations):
         return fh
 
     def _invalidate_inode(self, inode: int) -> None:
-        """The object changed on the remote: the kernel drops its cached pages (and the
-        next open gets keep_cache=False meanwhile).  From a worker thread: the kernel
-        locks each page to drop it, and a READ of the inode in flight holds its page
-        locked until this thread answers it."""
+        """The object changed on the remote: the kernel drops its cached pages (in a
+        worker thread: fs/pagedrop.py), and the next open gets keep_cache=False."""
         self._kernel_version.pop(inode, None)
-        trio.lowlevel.spawn_system_task(self._drop_pages, inode)
-
-    @staticmethod
-    async def _drop_pages(inode: int) -> None:
-        """A system task: an exception out of it would stop the daemon."""
-        def drop() -> None:
-            try:
-                pyfuse3.invalidate_inode(inode)
-            except OSError:
-                pass   # the kernel does not know this inode: nothing to drop
-        try:
-            await trio.to_thread.run_sync(drop, abandon_on_cancel=True)
-        except Exception:  # the next open drops the pages anyway (keep_cache=False)
-            log.exception("dropping the kernel's pages of inode %d failed", inode)
+        self.pages.drop(inode)
 
     # -- lookups -------------------------------------------------------------------
     @_edge
