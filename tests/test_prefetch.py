@@ -198,6 +198,42 @@ def test_unread_budget_bounds_prefetch():
     assert 4 <= len(be.calls) <= 5
 
 
+def test_loads_in_flight_count_against_the_unread_budget():
+    """A memory tier below the in-flight floor (a 4 MiB node): loads still in flight
+    land unread in it, so they count against the budget too.  Counted apart, 16 MiB
+    of 512 KiB files started at once into a 2 MiB budget (the multinode bench: the next
+    epoch's share fetched and evicted before it was read)."""
+    import threading
+
+    gate = threading.Event()
+
+    class Slow(FakeBackend):
+        def read(self, key, offset, length, version):
+            self.calls.append((key, offset, length))
+            gate.wait(5)
+            return bytes(length)
+
+    objs = [(f"f{i:02d}", 512 << 10) for i in range(40)]
+    ns, _, store, pf = setup([P(k, 0, s, 1.0, 1.0, "hints") for k, s in objs], objs,
+                             budget=2 << 20)
+    be = store.backend = Slow()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            pf.on_open("x", 1, 1)
+            await trio.sleep(0.05)
+            pf.on_open("y", 1, 1)                # a second pump while they load
+            await trio.sleep(0.05)
+            started = len(store._flights)
+            gate.set()
+            n.cancel_scope.cancel()
+        return started
+
+    assert trio.run(main) == 4                  # 4 x 512 KiB = the 2 MiB budget
+    assert len(be.calls) == 4
+
+
 def test_bad_hints_are_a_user_error_and_change_nothing():
     ns, be, store, pf = setup([], [("a", 1)])
     with pytest.raises(UserError):

@@ -8,8 +8,9 @@ urgent first (skipping files the predictor records as planned: ``note_planned`` 
 
 * bytes of prefetch in flight stay under the Little's-law target (recent throughput x
   recent latency x SAFETY, at least ``MIN_INFLIGHT_BYTES``), and
-* prefetched-but-unread bytes stay under ``budget_bytes`` (a fraction of the memory
-  tier), so prefetching never evicts data that will be needed sooner.
+* prefetched-but-unread bytes, those in flight included (each lands unread in the
+  memory tier), stay under ``budget_bytes`` (a fraction of the memory tier), so
+  prefetching never evicts data that will be needed sooner (``_full``).
 
 Prefetches go through BlockStore with PREFETCH priority: demand reads always go first
 and reserved slots stay free for them.  Nothing here can fail a read: every error is
@@ -246,8 +247,7 @@ class Prefetcher:
         siblings = self.ns.page(d.inode, 0, SIBLINGS_MAX_FILES + 1)
         if not siblings or len(siblings) > SIBLINGS_MAX_FILES:
             return 0
-        if (self.store.speculative_unread_bytes() >= self.budget
-                or self.store.speculative_inflight_bytes() >= self.inflight_target()):
+        if self._full(*self._pending(), self.inflight_target()):
             return 0             # the same budgets as every other prefetch
         budget, started = SIBLINGS_MAX_BYTES, 0
         for n in sorted(siblings, key=lambda r: r.name):
@@ -313,6 +313,23 @@ class Prefetcher:
         lat = self.store.latency_estimate()
         return max(MIN_INFLIGHT_BYTES, int(self.rate.rate * lat * SAFETY))
 
+    def _pending(self) -> tuple[int, int]:
+        """Speculative bytes (in flight, unread in flight or in memory)."""
+        inflight = self.store.speculative_inflight_bytes()
+        return inflight, inflight + self.store.speculative_unread_bytes()
+
+    def _full(self, inflight: int, unread: int, target: int) -> bool:
+        """Whether no prefetch may start: ``target`` bytes in flight, or the unread
+        budget reached; ``unread`` counts the bytes in flight too (``_pending``): they
+        land in the memory tier unread.  (Counted apart, each pump started up to the
+        budget again while the last pump's loads were still in flight: a mount whose
+        memory tier is below the in-flight floor -- the multinode bench's 4 MiB nodes
+        -- started 16 MiB of loads at an epoch's start, into the next epoch's share,
+        evicted before they were read: 1.6-1.8x the dataset from the WAN in epoch 1,
+        and with --shared-cache those loads' claims made other nodes' readers wait
+        0.5-0.9 s each; bench/RESULTS.md.)"""
+        return inflight >= target or unread >= self.budget
+
     def _pump(self) -> None:
         if not self.enabled:
             return
@@ -323,10 +340,9 @@ class Prefetcher:
         if self._skip > 0:
             self._skip -= 1
             return
-        inflight = self.store.speculative_inflight_bytes()
-        unread = self.store.speculative_unread_bytes()
+        inflight, unread = self._pending()
         floor = self.inflight_target()
-        if inflight >= max(floor, self._last_target) or unread >= self.budget:
+        if self._full(inflight, unread, max(floor, self._last_target)):
             return      # budgets full: not even worth asking the predictor
         self._flush_deferred()
         try:
@@ -341,7 +357,7 @@ class Prefetcher:
         for p in preds:
             if p.prob < MIN_PROB:
                 continue
-            if inflight >= target or unread >= self.budget:
+            if self._full(inflight, unread, target):
                 break
             if p.offset == 0 and self.predictor.is_planned(p.path):
                 if not started:
@@ -359,7 +375,7 @@ class Prefetcher:
             target = max(floor, MIN_INFLIGHT_LOADS * node.size) \
                 if whole and node.size <= self.store.block_size else floor
             self._last_target = target
-            if inflight >= target:
+            if self._full(inflight, unread, target):
                 break
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
@@ -375,7 +391,7 @@ class Prefetcher:
                     n = self.store.block_range(pinned, i)[1]
                     inflight += n
                     unread += n
-                if inflight >= target or unread >= self.budget:
+                if self._full(inflight, unread, target):
                     break
             else:
                 if whole and last == self.store.nblocks(pinned) - 1:
