@@ -156,6 +156,34 @@ def test_prefetch_then_demand_counts_used_bytes(tmp_path):
     assert len(be.calls) == 1
 
 
+def test_unread_speculative_bytes_are_counted_once_and_not_once_a_reader_waits(tmp_path):
+    """The prefetcher's budget (ahead/prefetch.py) reads speculative_unread_bytes: a
+    load in flight counts until a reader joins it; a block evicted from memory unread
+    and loaded again counts once (it was counted twice, never subtracted: the budget
+    filled up for good on a small memory tier)."""
+    data = payload(13, 4 * BS)
+    be, store, obj = make(tmp_path, data, disk=False, delay=0.2)
+
+    async def fn():
+        assert store.prefetch(obj, 1, lim.PREFETCH)
+        await trio.sleep(0.05)
+        assert store.speculative_unread_bytes() == BS          # in flight, unread
+        async with trio.open_nursery() as n:
+            n.start_soon(store.read, obj, BS, 10)              # a reader joins it
+            await trio.sleep(0.05)
+            assert store.speculative_unread_bytes() == 0
+        assert store.prefetch(obj, 2, lim.PREFETCH)
+        await trio.sleep(0.4)
+        assert store.speculative_unread_bytes() == BS          # loaded, unread
+        store.mem.drop(BlockKey(obj.key, obj.version, 2))       # evicted unread
+        assert store.prefetch(obj, 2, lim.PREFETCH)
+        await trio.sleep(0.4)
+        assert store.speculative_unread_bytes() == BS
+        assert await store.read(obj, 2 * BS, 10) == data[2 * BS:2 * BS + 10]
+        assert store.speculative_unread_bytes() == 0
+    run_with_store(store, fn)
+
+
 def test_a_speculative_small_block_is_stored_by_the_thread_that_fetched_it(tmp_path):
     """One thread hand-off per prefetched small file: the block is in the disk tier
     when its load ends, and nothing was queued for the background writers (a demand

@@ -122,7 +122,8 @@ def test_a_mass_change_drops_each_inode_once_in_few_thread_hand_offs(monkeypatch
                         lambda inode, attr_only=False: (calls.append(inode),
                                                         threads.add(threading.get_ident())))
     real = pagedrop._drop_all
-    monkeypatch.setattr(pagedrop, "_drop_all", lambda b: (hand_offs.append(len(b)), real(b)))
+    monkeypatch.setattr(pagedrop, "_drop_all",
+                        lambda b, stop: (hand_offs.append(len(b)), real(b, stop)))
     ops = edge(MovingStore([]))
     n_files = 5 * pagedrop.DROP_BATCH + 3
 
@@ -133,8 +134,9 @@ def test_a_mass_change_drops_each_inode_once_in_few_thread_hand_offs(monkeypatch
                 ops._invalidate_inode(ino)
             for ino in range(100, 110):        # changed again before the drop: once
                 ops._invalidate_inode(ino)
-            while ops.pages.pending() or ops.pages.dropped < n_files:
-                await trio.sleep(0.01)
+            with trio.fail_after(5):
+                while ops.pages.pending() or ops.pages.dropped < n_files:
+                    await trio.sleep(0.01)
             n.cancel_scope.cancel()
 
     trio.run(main)

@@ -86,6 +86,7 @@ def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp
         assert (mp / "d/new").read_bytes() == b"new"
         assert (mp / "d/0005").read_bytes() == b"changed"
         assert stats(mp)["metadata_refreshes"] >= 1
+        assert eventually(lambda: stats(mp)["pages_dropped"] >= 1, timeout=5)
         # 3,001 entries re-listed and compared more than once: no stat() waited for it
         assert longest < 0.5, longest
 

@@ -61,7 +61,8 @@ MIN_INFLIGHT_BYTES = 16 << 20
 # 232/223 (hints 254/253 -> 309/303), and 32 measured no faster than 16 (bench run
 # --scenario shards --systems neuralcache,neuralcache-hints, alternating pairs).  16
 # shards of 8 MiB are 128 MiB in flight, within the unread budget that bounds every
-# prefetch.  Not for larger files: their read-ahead starts at their open, and blocks
+# prefetch (in flight included) when the memory tier is the default 1 GiB; a smaller
+# tier gets fewer.  Not for larger files: their read-ahead starts at their open, and blocks
 # of a large file guessed whole (a random reader's) would be that much waste.
 MIN_INFLIGHT_LOADS = 16
 SAFETY = 2.0
@@ -237,6 +238,9 @@ class Prefetcher:
         parent = key.rpartition("/")[0]
         if parent in self._warmed_dirs:
             return 0
+        if self._full(*self._pending(), self.inflight_target()):
+            return 0             # the same budgets as every other prefetch (not warmed:
+                                 # the next open in it tries again)
         self._warmed_dirs.add(parent)
         d = self.ns.by_path(parent)
         if d is None or not d.is_dir:
@@ -247,8 +251,6 @@ class Prefetcher:
         siblings = self.ns.page(d.inode, 0, SIBLINGS_MAX_FILES + 1)
         if not siblings or len(siblings) > SIBLINGS_MAX_FILES:
             return 0
-        if self._full(*self._pending(), self.inflight_target()):
-            return 0             # the same budgets as every other prefetch
         budget, started = SIBLINGS_MAX_BYTES, 0
         for n in sorted(siblings, key=lambda r: r.name):
             k = f"{parent}/{n.name}" if parent else n.name
@@ -314,14 +316,15 @@ class Prefetcher:
         return max(MIN_INFLIGHT_BYTES, int(self.rate.rate * lat * SAFETY))
 
     def _pending(self) -> tuple[int, int]:
-        """Speculative bytes (in flight, unread in flight or in memory)."""
-        inflight = self.store.speculative_inflight_bytes()
-        return inflight, inflight + self.store.speculative_unread_bytes()
+        """Speculative bytes in flight, and unread: loaded and not read yet, or in
+        flight with no reader waiting for them (BlockStore counts both)."""
+        return (self.store.speculative_inflight_bytes(),
+                self.store.speculative_unread_bytes())
 
     def _full(self, inflight: int, unread: int, target: int) -> bool:
         """Whether no prefetch may start: ``target`` bytes in flight, or the unread
-        budget reached; ``unread`` counts the bytes in flight too (``_pending``): they
-        land in the memory tier unread.  (Counted apart, each pump started up to the
+        budget reached; ``unread`` counts the bytes in flight no reader waits for
+        (``_pending``): they land in the memory tier unread.  (Counted apart, each pump started up to the
         budget again while the last pump's loads were still in flight: a mount whose
         memory tier is below the in-flight floor -- the multinode bench's 4 MiB nodes
         -- started 16 MiB of loads at an epoch's start, into the next epoch's share,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 
 import pyfuse3
 import trio
@@ -20,8 +21,11 @@ import trio
 log = logging.getLogger(__name__)
 
 # Inodes dropped per worker-thread hand-off.  A drop of an inode with no cached pages
-# is one notify write (a few microseconds); 64 keeps a batch well under a millisecond
-# of kernel time, so the batch after it (a file changed again) is not held up.
+# is one notify write (a few microseconds).  One whose page a READ in flight holds
+# locked waits until that READ is answered (up to store/blocks.py's demand deadline),
+# and the rest of its batch and the batches after it wait with it: nothing is served
+# wrong meanwhile (the next open of a changed file is answered with keep_cache off), the
+# drops come late.  64 is a refresh's thousands of changed files in tens of hand-offs.
 DROP_BATCH = 64
 
 
@@ -32,6 +36,9 @@ class PageDropper:
     def __init__(self) -> None:
         self._queued: dict[int, None] = {}      # an ordered set
         self._wake = trio.Event()
+        # set when run() ends: an abandoned batch stops before its next inode (pyfuse3's
+        # session is closed after the mount's nursery ends)
+        self._stop = threading.Event()
         self.dropped = 0
 
     def drop(self, inode: int) -> None:
@@ -43,26 +50,32 @@ class PageDropper:
 
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            while self._queued:
-                batch = list(itertools.islice(self._queued, DROP_BATCH))
-                for inode in batch:
-                    del self._queued[inode]
-                try:
-                    # abandoned on cancel: a drop waiting on a page lock of a READ the
-                    # stopped loop will never answer must not hold the unmount up
-                    await trio.to_thread.run_sync(_drop_all, batch, abandon_on_cancel=True)
-                except Exception:  # the next open drops the pages anyway (keep_cache off)
-                    log.exception("dropping the kernel's pages of %d inodes failed",
-                                  len(batch))
-                self.dropped += len(batch)
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                while self._queued:
+                    batch = list(itertools.islice(self._queued, DROP_BATCH))
+                    for inode in batch:
+                        del self._queued[inode]
+                    try:
+                        # abandoned on cancel: a drop waiting on a page lock of a READ
+                        # the stopped loop will never answer must not hold the unmount
+                        await trio.to_thread.run_sync(_drop_all, batch, self._stop,
+                                                      abandon_on_cancel=True)
+                        self.dropped += len(batch)
+                    except Exception:  # the next open drops them anyway (keep_cache off)
+                        log.exception("dropping the kernel's pages of %d inodes failed",
+                                      len(batch))
+        finally:
+            self._stop.set()
 
 
-def _drop_all(inodes: list[int]) -> None:
+def _drop_all(inodes: list[int], stop: threading.Event) -> None:
     """(worker thread)"""
     for inode in inodes:
+        if stop.is_set():
+            return
         try:
             pyfuse3.invalidate_inode(inode)
         except OSError:

@@ -95,7 +95,8 @@ class Pinned:
 
 
 class _Flight:
-    __slots__ = ("done", "data", "error", "ticket", "kind", "remote", "joined", "stored")
+    __slots__ = ("done", "data", "error", "ticket", "kind", "remote", "joined", "stored",
+                 "unjoined")
 
     def __init__(self, kind: int):
         self.done = trio.Event()
@@ -106,6 +107,7 @@ class _Flight:
         self.remote = False   # True once the data came from the backend
         self.joined = kind == lim.DEMAND   # a demand reader waits for this load
         self.stored = False   # True once the fetching thread wrote it to the disk tier
+        self.unjoined = 0     # its bytes in BlockStore.spec_unjoined (no reader yet)
 
 
 class BlockStore:
@@ -131,6 +133,7 @@ class BlockStore:
         self._speculative = lru.LRU(SPECULATIVE_MEMORY, callback=self._spec_dropped)
         self.spec_unread = 0      # bytes in _speculative
         self.spec_inflight = 0    # bytes of speculative loads in flight
+        self.spec_unjoined = 0    # ... of those, no reader has joined (they land unread)
         self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE_ENTRIES)
         self.write_queue_limit = max(DISK_WRITE_QUEUE_MIN_BLOCKS * block_size,
                                      min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
@@ -259,6 +262,8 @@ class BlockStore:
         flight = self._flights.get(bk)
         if flight is not None:
             st.singleflight_joins += 1
+            self.spec_unjoined -= flight.unjoined
+            flight.unjoined = 0
             flight.joined = True
             if flight.ticket is not None:
                 self.limiter.raise_priority(flight.ticket, lim.DEMAND)
@@ -293,12 +298,17 @@ class BlockStore:
         return self.spec_inflight
 
     def speculative_unread_bytes(self) -> int:
-        return self.spec_unread
+        """Speculative bytes no reader has read or is waiting for: loaded, or in flight."""
+        return self.spec_unread + self.spec_unjoined
 
-    def forget_speculative(self) -> None:
-        """Stop counting unread speculative blocks (e.g. the hint order changed)."""
-        self._speculative.clear()
-        self.spec_unread = 0
+    def _unread(self, bk: BlockKey, kind, n: int) -> None:
+        """Count a speculative block loaded and not read yet (once: a block evicted
+        unread and loaded again replaces its entry; lru-dict calls no callback then)."""
+        old = self._speculative.pop(bk, None)
+        if old is not None:
+            self.spec_unread -= old[1]
+        self._speculative[bk] = (kind, n)
+        self.spec_unread += n
 
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD) -> bool:
         """Start loading a block speculatively unless present; True if started."""
@@ -321,6 +331,8 @@ class BlockStore:
     async def _load(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> None:
         spec = self.block_range(obj, bk.index)[1] if flight.kind != lim.DEMAND else 0
         self.spec_inflight += spec
+        flight.unjoined = 0 if flight.joined else spec
+        self.spec_unjoined += flight.unjoined
         try:
             flight.data = await self._load_inner(bk, obj, flight)
         except BackendError as exc:
@@ -330,6 +342,8 @@ class BlockStore:
             flight.error = Unavailable(f"{bk.key}: internal error: {exc}")
         finally:
             self.spec_inflight -= spec
+            self.spec_unjoined -= flight.unjoined
+            flight.unjoined = 0
             self._flights.pop(bk, None)
             flight.done.set()
 
@@ -345,8 +359,7 @@ class BlockStore:
                 elif not flight.joined:
                     # speculative, from disk: bounded by the unread budget like a fetched
                     # block, but neither fetched nor "used" in the prefetch counters
-                    self._speculative[bk] = (None, len(data))
-                    self.spec_unread += len(data)
+                    self._unread(bk, None, len(data))
                 self.mem.put(bk, data)
                 return data
         if flight.kind == lim.DEMAND:
@@ -364,8 +377,7 @@ class BlockStore:
             else:
                 st.prefetch_bytes_fetched += len(data)
             if not flight.joined:                     # no reader joined while loading
-                self._speculative[bk] = (flight.kind, len(data))
-                self.spec_unread += len(data)
+                self._unread(bk, flight.kind, len(data))
             elif flight.kind == lim.READAHEAD:          # joined: used, but late
                 st.readahead_bytes_used += len(data)
             else:
