@@ -118,6 +118,36 @@ def test_a_warm_tier_looks_up_first_and_takes_no_lease_on_a_hit():
     trio.run(main)
 
 
+def test_the_order_turns_after_a_short_run_of_hits_or_misses():
+    """Epoch 2 on a tier epoch 1 filled: after COLD_RUN hits in a row a hit is one GET,
+    not a refused claim and a GET (the window alone turned after half of it: a quick
+    epoch's 16 blocks per node all paid two requests).  A new dataset on a warm tier:
+    after COLD_RUN misses in a row a miss is one claim again."""
+    b = SlowBucket(latency=0.001)
+
+    async def main():
+        t = tier(b)
+        for i in range(sh.COLD_WINDOW):                       # epoch 1: all missed
+            assert await t.get(BlockKey("k", "v1", i), 10) is None
+        for i in range(sh.COLD_WINDOW, sh.COLD_WINDOW + sh.COLD_RUN):
+            assert t.cold()
+            store_block(t, b, BlockKey("k", "v1", i), b"h" * 10)
+            assert await t.get(BlockKey("k", "v1", i), 10) == b"h" * 10
+        assert not t.cold()
+        b.log.clear()
+        store_block(t, b, BlockKey("k", "v1", 500), b"w" * 10)
+        assert await t.get(BlockKey("k", "v1", 500), 10) == b"w" * 10
+        assert b.log == [("GET", "block")]
+        for i in range(sh.COLD_RUN):                          # a new dataset
+            assert await t.get(BlockKey("new", "v1", i), 10) is None
+        assert t.cold()
+        b.log.clear()
+        assert await t.get(BlockKey("new", "v1", 99), 10) is None
+        assert b.log == [("PUT", "claim")]
+
+    trio.run(main)
+
+
 def test_a_block_waiting_for_its_write_through_is_served_from_the_queue():
     """A node fetched a block from the origin (under its lease) and queued its PUT; the
     block left its memory tier before a reader came (a read-ahead window above the

@@ -73,6 +73,7 @@ trio thread, like BlockStore.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import os
@@ -186,10 +187,13 @@ CLAIM_STALE_S = 60.0
 # Cold: fewer than COLD_HIT_RATE of the last
 # COLD_WINDOW lookups hit (half: there the two orders cost the same; 32 lookups are a
 # few read-ahead windows, so the order follows an epoch boundary within a second), or
-# fewer than COLD_MIN_LOOKUPS lookups so far.
+# fewer than COLD_MIN_LOOKUPS lookups so far -- unless the last COLD_RUN lookups all hit
+# (warm) or all missed (cold): the epoch turned.  (The window alone took half an epoch
+# of 64 blocks per node to turn, each hit two requests; the bench's quick epoch, 16.)
 COLD_HIT_RATE = 0.5
 COLD_WINDOW = 32
 COLD_MIN_LOOKUPS = 8
+COLD_RUN = 4
 
 
 class _Failed(Exception):
@@ -385,7 +389,11 @@ class SharedTier:
     # -- the read side ---------------------------------------------------------------
     def cold(self) -> bool:
         """Whether the tier has been missing mostly: fewer than COLD_HIT_RATE of the last
-        COLD_WINDOW lookups found their block (a fresh node counts as cold)."""
+        COLD_WINDOW lookups found their block (a fresh node counts as cold), or the
+        last COLD_RUN all missed; not if the last COLD_RUN all hit."""
+        run = set(itertools.islice(reversed(self._outcomes), COLD_RUN))
+        if len(self._outcomes) >= COLD_RUN and len(run) == 1:
+            return not run.pop()
         n = len(self._outcomes)
         return n < COLD_MIN_LOOKUPS or sum(self._outcomes) < COLD_HIT_RATE * n
 
