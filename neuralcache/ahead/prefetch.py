@@ -62,8 +62,8 @@ MIN_INFLIGHT_BYTES = 16 << 20
 # --scenario shards --systems neuralcache,neuralcache-hints, alternating pairs).  16
 # shards of 8 MiB are 128 MiB in flight, within the unread budget that bounds every
 # prefetch (in flight included) when the memory tier is the default 1 GiB; a smaller
-# tier gets fewer.  Not for larger files: their read-ahead starts at their open, and blocks
-# of a large file guessed whole (a random reader's) would be that much waste.
+# tier gets fewer.  Not for larger files: their read-ahead starts at their open, and
+# blocks of a large file guessed whole (a random reader's) would be that much waste.
 MIN_INFLIGHT_LOADS = 16
 SAFETY = 2.0
 # The first open in a small directory -- a model checkpoint: config.json, weights,
@@ -324,13 +324,13 @@ class Prefetcher:
     def _full(self, inflight: int, unread: int, target: int) -> bool:
         """Whether no prefetch may start: ``target`` bytes in flight, or the unread
         budget reached; ``unread`` counts the bytes in flight no reader waits for
-        (``_pending``): they land in the memory tier unread.  (Counted apart, each pump started up to the
-        budget again while the last pump's loads were still in flight: a mount whose
-        memory tier is below the in-flight floor -- the multinode bench's 4 MiB nodes
-        -- started 16 MiB of loads at an epoch's start, into the next epoch's share,
-        evicted before they were read: 1.6-1.8x the dataset from the WAN in epoch 1,
-        and with --shared-cache those loads' claims made other nodes' readers wait
-        0.5-0.9 s each; bench/RESULTS.md.)"""
+        (``_pending``): they land in the memory tier unread.  (Counted apart, each
+        pump started up to the budget again while the last pump's loads were still in
+        flight: a mount whose memory tier is below the in-flight floor -- the
+        multinode bench's 4 MiB nodes -- started 16 MiB of loads at an epoch's start,
+        into the next epoch's share, evicted before they were read: 1.6-1.8x the
+        dataset from the WAN in epoch 1, and with --shared-cache those loads' claims
+        made other nodes' readers wait 0.5-0.9 s each; bench/RESULTS.md.)"""
         return inflight >= target or unread >= self.budget
 
     def _pump(self) -> None:
