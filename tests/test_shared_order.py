@@ -100,6 +100,15 @@ def test_a_cold_lookup_finds_a_block_written_without_a_claim():
     trio.run(main)
 
 
+async def hit(t: sh.SharedTier, b: SlowBucket, bk: BlockKey) -> list:
+    """``bk`` is in the tier and a lookup returns it; the requests that lookup sent."""
+    data = bk.key.encode() * 10
+    store_block(t, b, bk, data)
+    b.log.clear()
+    assert await t.get(bk, len(data)) == data
+    return list(b.log)
+
+
 def test_a_warm_tier_looks_up_first_and_takes_no_lease_on_a_hit():
     """Once most lookups hit, a hit is one GET (no claim before it)."""
     b = SlowBucket(latency=0.001)
@@ -107,13 +116,9 @@ def test_a_warm_tier_looks_up_first_and_takes_no_lease_on_a_hit():
     async def main():
         t = tier(b)
         for i in range(sh.COLD_WINDOW):
-            store_block(t, b, BlockKey("k", "v1", i), b"y" * 10)
-            assert await t.get(BlockKey("k", "v1", i), 10) == b"y" * 10
+            await hit(t, b, BlockKey("k", "v1", i))
         assert not t.cold()
-        b.log.clear()
-        store_block(t, b, BlockKey("k", "v1", 99), b"z" * 10)
-        assert await t.get(BlockKey("k", "v1", 99), 10) == b"z" * 10
-        assert b.log == [("GET", "block")]
+        assert await hit(t, b, BlockKey("k", "v1", 99)) == [("GET", "block")]
 
     trio.run(main)
 
@@ -131,13 +136,10 @@ def test_the_order_turns_after_a_short_run_of_hits_or_misses():
             assert await t.get(BlockKey("k", "v1", i), 10) is None
         for i in range(sh.COLD_WINDOW, sh.COLD_WINDOW + sh.COLD_RUN):
             assert t.cold()
-            store_block(t, b, BlockKey("k", "v1", i), b"h" * 10)
-            assert await t.get(BlockKey("k", "v1", i), 10) == b"h" * 10
+            assert await hit(t, b, BlockKey("k", "v1", i)) == [("PUT", "claim"),
+                                                               ("GET", "block")]
         assert not t.cold()
-        b.log.clear()
-        store_block(t, b, BlockKey("k", "v1", 500), b"w" * 10)
-        assert await t.get(BlockKey("k", "v1", 500), 10) == b"w" * 10
-        assert b.log == [("GET", "block")]
+        assert await hit(t, b, BlockKey("k", "v1", 500)) == [("GET", "block")]
         for i in range(sh.COLD_RUN):                          # a new dataset
             assert await t.get(BlockKey("new", "v1", i), 10) is None
         assert t.cold()
