@@ -160,6 +160,10 @@ def code_revision(path: Path | None = None) -> str | None:
     return (head + ("-dirty" if dirty else "")) or None
 
 
+# The repository this bench belongs to (what the mounts' code_version reports).
+REPO = Path(__file__).resolve().parents[2]
+
+
 def neuralcache_binary() -> str | None:
     cand = Path(sys.executable).parent / "neuralcache"
     if cand.exists():
@@ -187,6 +191,10 @@ class NeuralCacheSystem(System):
 
     def _env(self) -> dict:
         env = dict(os.environ)
+        # The daemon runs this bench's tree: the console script alone imports the
+        # editable install's, so a bench run from a worktree measured main's code.
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.update({"AWS_ACCESS_KEY_ID": self.env.access_key,
                     "AWS_SECRET_ACCESS_KEY": self.env.secret_key,
                     "AWS_DEFAULT_REGION": self.env.region})
