@@ -22,12 +22,13 @@ import trio
 import xxhash
 from predictors import make_default_predictor
 
-from . import cpuacct
+from . import buffers, cpuacct
 from .fs import control
 from .fs import loop as fuse_loop
 from .admin import mounts
 from .backends import open_backend
 from .backends.s3 import describe_check_error
+from .store.blockfiles import padded
 from .store.blocks import BlockStore
 from .store.tiers import DiskTier, MemoryTier
 from .admin.config import MountConfig
@@ -243,7 +244,11 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         writes.lister, lister.writes = lister, writes
     log.info("disk cache has %d blocks (loaded in %.1f s); directories are listed as "
              "they are used", nblocks, time.monotonic() - t0)
-    mem = MemoryTier(cfg.memory_cache_size)
+    bufs = buffers.recycler(padded(cfg.block_size))    # None: NEURALCACHE_RECYCLE=0
+    mem = MemoryTier(cfg.memory_cache_size, release=bufs.give if bufs else None)
+    disk.read_buffers = bufs
+    if hasattr(backend, "read_buffers"):
+        backend.read_buffers = bufs
     store = BlockStore(backend, mem, disk, stats, block_size=cfg.block_size,
                        concurrency=cfg.concurrency)
     if writes is not None:
@@ -281,6 +286,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             extra["cpu_s"] = cpu
         if shared is not None:
             extra.update(shared.snapshot())
+        if bufs is not None:
+            extra.update(bufs.stats())
         if hasattr(backend, "native_stats"):
             extra.update(backend.native_stats())
         if hasattr(backend, "warm_connections"):

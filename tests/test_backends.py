@@ -117,6 +117,44 @@ def test_s3_block_reads_survive_connections_reset_mid_body(seaweed, s3, monkeypa
     assert resets > 0 and retries > 0, (resets, retries)
 
 
+def test_s3_block_reads_into_recycled_buffers_are_exact_through_resets(seaweed, s3,
+                                                                        monkeypatch):
+    """Block reads received straight into recycled buffers (buffers.Recycler, as the
+    daemon sets it) through a link that resets connections mid-body: every read is
+    exact, a buffer is reused once the block in it was let go, and bytes a reader
+    still holds never change."""
+    from bench.wan import WanProxy
+    from neuralcache.buffers import Recycler
+    bucket = new_bucket(s3)
+    data = payload(79, 12 * MB)
+    s3.put_object(Bucket=bucket, Key="big.bin", Body=data)
+    for k, v in seaweed.env().items():
+        monkeypatch.setenv(k, v)
+    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=2, reset_rate=0.5,
+                  fault_unit="connection", seed=17) as proxy:
+        b = open_backend(f"s3://{bucket}", endpoint_url=proxy.endpoint)
+        b.read_buffers = bufs = Recycler(4 * MB)
+        try:
+            version = b.stat("big.bin").version
+            held = []
+            for i in range(16):
+                off = (i * MB // 2) % (8 * MB)
+                got = b.read("big.bin", off, 4 * MB, version)
+                assert isinstance(got, memoryview) and digest(got) == digest(
+                    data[off:off + 4 * MB]), i
+                if i % 4 == 0:
+                    held.append((off, got))    # a reader still has it
+                bufs.give(got)
+                del got
+            retries = b.retries
+        finally:
+            b.close()
+        resets = proxy.stats().get("resets", 0)
+    delete_bucket(s3, bucket)
+    assert all(digest(got) == digest(data[off:off + 4 * MB]) for off, got in held)
+    assert bufs.reused >= 8 and resets > 0 and retries > 0, (bufs.stats(), resets, retries)
+
+
 def test_s3_every_reset_request_is_one_counted_retry(seaweed, s3, monkeypatch):
     """Retries are the backend's own (retry.py), each one counted: botocore makes one
     attempt per call, so a reset PUT, HEAD or listing is retried exactly once by us

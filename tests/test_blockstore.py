@@ -273,3 +273,38 @@ def test_speculative_reads_are_not_hedged(tmp_path):
         await trio.sleep(1.0)
     run_with_store(store, fn)
     assert store.stats.hedged_requests == 0 and len(be.calls) == 1
+
+
+def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tmp_path):
+    data = payload(12, 4 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    keys = [BlockKey(obj.key, obj.version, i) for i in range(4)]
+
+    async def fn():
+        for i in range(4):
+            assert await store.read(obj, i * BS, BS) == data[i * BS:(i + 1) * BS]
+        while store.write_queue_bytes:          # the background writes land
+            await trio.sleep(0.01)
+        store.consumed(obj, 0)
+        store._queued.add(keys[3])              # queued for the disk, not written yet
+        store.disk.drop(keys[3])
+        store.consumed(obj, 3)
+        store.disk.drop(keys[2])                # neither written nor queued (skipped)
+        store.consumed(obj, 2)
+        assert [store.mem.get(k) is not None for k in keys] == [False, True, True, False]
+        assert await store.read(obj, 0, BS) == data[:BS]     # from the disk tier
+        return len(be.calls)
+
+    assert run_with_store(store, fn) == 4       # one fetch per block, none again
+
+
+def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):
+    data = payload(13, 2 * BS)
+    be, store, obj = make(tmp_path, data, disk=False, delay=0)
+
+    async def fn():
+        await store.read(obj, 0, BS)
+        store.consumed(obj, 0)
+        return store.mem.get(BlockKey(obj.key, obj.version, 0)) is not None
+
+    assert run_with_store(store, fn)

@@ -308,3 +308,30 @@ def test_an_open_that_finds_a_new_version_never_reads_it_short(seaweed, s3, tmp_
         time.sleep(1.3)                    # the entry, the listing and the attrs expire
         got = (mp / "d" / "w.bin").read_bytes()
         assert got == old or got == new, f"{len(got)} bytes, new version's: {got[:16] == new[:16]}"
+
+
+def test_a_sequential_read_keeps_only_its_window_in_memory_and_reuses_buffers(
+        seaweed, s3, tmp_path):
+    """A cold sequential read lets the blocks it left behind go from the memory tier
+    (the page cache and the disk tier hold them) and fetches into their buffers again
+    (buffers.Recycler); every byte is exact, on the first read and on a second read
+    after the file's pages were dropped (served from the disk tier into recycled
+    buffers)."""
+    bucket = new_bucket(s3)
+    data = payload(120, 72 * MB + 4321)
+    s3.put_object(Bucket=bucket, Key="big.bin", Body=data)
+    with s3_mount(seaweed, bucket, tmp_path, "--block-size", "2M",
+                  "--readahead-size", "8M") as mp:
+        for rnd in range(2):
+            with open(mp / "big.bin", "rb", buffering=0) as f:
+                got = bytearray()
+                while b := f.read(MB):
+                    got += b
+                assert digest(bytes(got)) == digest(data), rnd
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            s = stats(mp)
+            # what the stream left within SEQ_SLACK (32 MiB) and its read-ahead (8 MiB)
+            assert s["cache_mem_bytes"] <= 44 * MB, (rnd, s["cache_mem_bytes"])
+            assert s["buffers_reused"] > 0, {k: v for k, v in s.items() if k.startswith(
+                ("buffers", "cache_", "mem_", "disk_", "readahead"))}
+        assert s["bytes_fetched"] == len(data)     # the second read never went remote

@@ -57,3 +57,30 @@ def test_random_reads_do_not_start_read_ahead():
         off = rnd.randrange(0, 1024) * BS + rnd.randrange(0, 8) * (128 << 10)
         started += len(ra.on_read(off, 128 << 10, 1024, 0.06, now=i * 1e-3))
     assert started <= 20, started             # ~1% false streaks at most
+
+
+def test_behind_reports_each_block_a_stream_left_behind_once():
+    from neuralcache.ahead.readahead import SEQ_SLACK
+    bs = 8 << 20
+    ra = ReadAhead(bs, max_bytes=64 << 20)
+    assert list(ra.behind()) == []
+    off = 0
+    while off < SEQ_SLACK + 2 * bs:          # sequential 1 MiB reads
+        ra.on_read(off, 1 << 20, 100, 0.06, now=1.0)
+        off += 1 << 20
+    # the furthest read ends at SEQ_SLACK + 2 blocks: blocks 0 and 1 are behind
+    assert list(ra.behind()) == [0, 1]
+    assert list(ra.behind()) == []           # once each
+    ra.on_read(off, 1 << 20, 100, 0.06, now=1.0)
+    assert list(ra.behind()) == []           # block 2 not wholly behind yet
+    ra.on_read(0, 1 << 20, 100, 0.06, now=1.0)     # a seek back: no stream, nothing
+    assert list(ra.behind()) == []
+
+
+def test_random_reads_leave_nothing_behind():
+    import random
+    rng = random.Random(3)
+    ra = ReadAhead(8 << 20, max_bytes=64 << 20)
+    for _ in range(500):
+        ra.on_read(rng.randrange(0, 1 << 30, 128 << 10), 128 << 10, 128, 0.06, now=1.0)
+        assert list(ra.behind()) == []

@@ -36,7 +36,7 @@ STREAK_MIN = 2
 
 class ReadAhead:
     __slots__ = ("block_size", "max_blocks", "next_off", "window", "ahead_upto",
-                 "streak_bytes", "streak_t0", "streak")
+                 "streak_bytes", "streak_t0", "streak", "stream_start", "behind_upto")
 
     def __init__(self, block_size: int, max_bytes: int = DEFAULT_MAX_BYTES):
         self.block_size = block_size
@@ -47,6 +47,8 @@ class ReadAhead:
         self.streak_bytes = 0
         self.streak_t0: float | None = None   # set by the first read
         self.streak = 0              # contiguous reads so far in this stream
+        self.stream_start = 0        # where the current stream began
+        self.behind_upto = 0         # blocks below this were reported by behind()
 
     def on_read(self, off: int, size: int, nblocks: int, latency_s: float,
                 now: float | None = None) -> range:
@@ -61,6 +63,7 @@ class ReadAhead:
         sequential = abs(off - self.next_off) <= slack
         self.next_off = max(self.next_off, off + size) if sequential else off + size
         if not sequential:
+            self.stream_start = off
             self.window = MIN_BLOCKS
             self.ahead_upto = cur + 1
             self.streak_bytes = size
@@ -81,6 +84,21 @@ class ReadAhead:
             return range(0)
         self.ahead_upto = stop
         return range(start, stop)
+
+    def behind(self) -> range:
+        """Blocks an established stream has read and left behind, each reported once:
+        wholly inside the stream and more than SEQ_SLACK before its furthest read,
+        where a read would count as a seek (the kernel's own read-ahead arrives out of
+        order within its window).  The page cache holds their bytes now; the memory
+        tier may let them go."""
+        if self.streak < STREAK_MIN:
+            return range(0)
+        first = max(self.behind_upto, -(-self.stream_start // self.block_size))
+        upto = (self.next_off - SEQ_SLACK) // self.block_size
+        if upto <= first:
+            return range(0)
+        self.behind_upto = upto
+        return range(first, upto)
 
     def _target_blocks(self, latency_s: float, now: float) -> int:
         t0 = now if self.streak_t0 is None else self.streak_t0

@@ -39,6 +39,7 @@ from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
 from . import retry, s3native
+from ..buffers import RECYCLE_MIN
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 from .s3list import S3List
@@ -84,6 +85,24 @@ _XML_MESSAGE = re.compile(rb"<Message>([^<]{0,300})</Message>")
 _VIRTUAL_HOSTABLE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
 
+def _read_into(resp, into: memoryview) -> memoryview:
+    """A response body of ``len(into)`` bytes (its Content-Length), received straight
+    into ``into``: http.client's readinto fills it from the socket with no bytes object
+    in between (urllib3's own readinto reads a bytes object and copies it).  What it
+    got, as a view of ``into`` (short if the connection ended early: a short read)."""
+    fp = resp._fp                     # the http.client.HTTPResponse under urllib3's
+    done = 0
+    # urllib3's own wrapper: socket timeouts and resets come out as its HTTPErrors (a
+    # retry, as from read()) and a connection that failed mid-body is not reused
+    with resp._error_catcher():
+        while done < len(into):
+            n = fp.readinto(into[done:])
+            if not n:
+                break
+            done += n
+    return into[:done]
+
+
 def aws_object_base_url(bucket: str, region: str) -> str:
     """URL prefix of a bucket's objects on AWS, as botocore's "auto" addressing style
     chooses it: ``https://BUCKET.s3.REGION.amazonaws.com`` for DNS-compatible names
@@ -105,6 +124,9 @@ class S3Backend(S3Writes, S3List):
     # (EFBIG, ENAMETOOLONG) instead of accepting data it can never upload.
     max_object_size = 5 << 40
     max_key_bytes = 1024
+    # A buffers.Recycler that ranged GETs of a block's size read into (the daemon sets
+    # it); None: each body is a new bytes object.
+    read_buffers = None
 
     def key_bytes(self, key: str) -> int:
         return len((self.prefix + key).encode("utf-8", "surrogateescape"))
@@ -222,17 +244,25 @@ class S3Backend(S3Writes, S3List):
         return self._pool.request(method, url, headers=dict(req.headers.items()), body=body,
                                   preload_content=False, redirect=False)
 
-    def _with_region(self, what: str, send, ok: tuple[int, ...]) -> tuple[int, bytes]:
+    def _with_region(self, what: str, send, ok: tuple[int, ...],
+                     into=None) -> tuple[int, bytes]:
         """``send(target)`` (a signed urllib3 request for (region, base URL)) and its
         answer, (status, body) for a status in ``ok``; a wrong-region answer switches
-        region and sends once more; anything else raises the domain error."""
+        region and sends once more; anything else raises the domain error.  ``into``
+        (a writable view): a 206 body of exactly its length is read into it and the
+        body returned is a view of it."""
         for _ in range(2):    # a second try only after learning the bucket's region
             target = self._target
             try:
                 resp = send(target)
                 try:
                     status = resp.status
-                    data = resp.read() if status in ok else resp.read(4096)
+                    if (into is not None and status == 206
+                            and resp.headers.get("Content-Length") == str(len(into))
+                            and not resp.headers.get("Content-Encoding")):
+                        data = _read_into(resp, into)
+                    else:
+                        data = resp.read() if status in ok else resp.read(4096)
                     found = resp.headers.get("x-amz-bucket-region")
                 finally:
                     resp.release_conn()
@@ -258,8 +288,10 @@ class S3Backend(S3Writes, S3List):
         if version:
             headers["If-Match"] = f'"{version}"'
         what = f"read {key}@{offset}+{length}"
+        bufs = self.read_buffers
+        into = bufs.take(length) if bufs is not None and length >= RECYCLE_MIN else None
         status, data = self._with_region(
-            what, lambda t: self._signed_get(key, headers, target=t), (200, 206))
+            what, lambda t: self._signed_get(key, headers, target=t), (200, 206), into)
         if status == 200 and offset == 0 and len(data) > length:
             data = data[:length]      # a server that ignored Range on a whole object
         if len(data) != length:

@@ -436,6 +436,8 @@ class Operations(pyfuse3.Operations):
                                         self.store.latency_estimate())
             for i in ahead:
                 self.store.prefetch(p, i)
+            for i in h.readahead.behind():
+                self.store.consumed(p, i)
         if self.prefetcher is not None:
             self.prefetcher.on_read(p.key, off, len(data), p.size, h.pid)
         cpuacct.charge("ahead", t0)

@@ -76,12 +76,13 @@ def scan_files(root: str):
     return files, tmp, old
 
 
-def read_checked(path: str, size: int, direct: bool):
+def read_checked(path: str, size: int, direct: bool, take=None):
     """(data, "") for a block file whose trailer and checksum hold, else (None, why).
     ``size`` is the index's data length (or an upper bound within ALIGN of it): the
-    file is read whole in one call and the data returned without a copy."""
+    file is read whole in one call and the data returned without a copy.  ``take(n)``:
+    where the bytes land (buffers.Recycler.take), else fresh memory."""
     nbytes = padded(size)
-    raw = _read_file(path, nbytes, direct)
+    raw = _read_file(path, nbytes, direct, take)
     if len(raw) != nbytes:
         return None, "short file"
     length, digest, flags, magic = TRAILER.unpack_from(raw, nbytes - TRAILER.size)
@@ -93,9 +94,9 @@ def read_checked(path: str, size: int, direct: bool):
     return data, ""
 
 
-def _read_file(path: str, nbytes: int, direct: bool):
-    """The first ``nbytes`` of a block file: with O_DIRECT into a fresh page-aligned
-    buffer (no page cache fill, no copy), else a plain read."""
+def _read_file(path: str, nbytes: int, direct: bool, take=None):
+    """The first ``nbytes`` of a block file: with O_DIRECT into a page-aligned buffer
+    (``take``'s, else fresh; no page cache fill, no copy), else a plain read."""
     if direct:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
@@ -104,11 +105,13 @@ def _read_file(path: str, nbytes: int, direct: bool):
                 raise
         else:
             try:
-                view = memoryview(buffers.fresh(nbytes))[:nbytes]
+                view = take(nbytes) if take else memoryview(buffers.fresh(nbytes))[:nbytes]
                 return view[:os.preadv(fd, [view], 0)]
             finally:
                 os.close(fd)
     with open(path, "rb", buffering=0) as f:
+        if take is not None and nbytes >= buffers.RECYCLE_MIN:
+            return buffers.read_into(f.readinto, nbytes, into=take(nbytes))
         if nbytes >= buffers.HUGE_MIN:
             return buffers.read_into(f.readinto, nbytes)
         return f.read(nbytes)

@@ -138,6 +138,7 @@ class BlockStore:
         self.write_queue_limit = max(DISK_WRITE_QUEUE_MIN_BLOCKS * block_size,
                                      min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
         self.write_queue_bytes = 0
+        self._queued: set[BlockKey] = set()     # blocks in the disk write queue
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
 
@@ -160,6 +161,7 @@ class BlockStore:
                 log.exception("disk cache write failed")
             finally:
                 self.write_queue_bytes -= len(data)
+                self._queued.discard(bk)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
@@ -280,6 +282,17 @@ class BlockStore:
         self._used_speculative(bk, len(flight.data))
         return flight.data, not flight.remote
 
+    def consumed(self, obj: Pinned, index: int) -> None:
+        """A sequential reader left this block behind (ahead/readahead.py ``behind``):
+        the kernel's page cache holds its bytes and the disk tier has them or will, so
+        the memory tier lets it go now instead of at LRU time, and its buffer goes back
+        to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
+        read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
+        is the only copy, and a block whose disk write was skipped stays too."""
+        bk = BlockKey(obj.key, obj.version, index)
+        if self.disk is not None and (bk in self._queued or self.disk.contains(bk)):
+            self.mem.drop(bk)
+
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
         entry = self._speculative.pop(bk, None)
         if entry is None:
@@ -390,6 +403,7 @@ class BlockStore:
                 try:
                     self._send.send_nowait((bk, data))
                     self.write_queue_bytes += len(data)
+                    self._queued.add(bk)
                 except trio.WouldBlock:
                     self.stats.disk_writes_skipped += 1
         return data

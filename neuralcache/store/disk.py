@@ -82,6 +82,7 @@ class DiskTier:
         self.write_errors = 0
         self._retry_at = 0.0
         self.direct = True       # O_DIRECT writes until the filesystem refuses them
+        self.read_buffers = None  # a buffers.Recycler block files are read into (daemon)
         self._buffers = AlignedBuffers(WRITE_BUFFERS_KEPT)
         self.pack_max = pack_max
         self.pack = pack_max > 0  # off where holes cannot be punched
@@ -182,7 +183,8 @@ class DiskTier:
                 return sg.check(view[:got], length, bytes.fromhex(name), checksum)
             # ``v`` is the data length (or an upper bound within ALIGN of it): the file
             # is read whole in one call and the data returned without a copy
-            return read_checked(self._path(name), v, self.direct)
+            take = self.read_buffers.take if self.read_buffers is not None else None
+            return read_checked(self._path(name), v, self.direct, take)
         except OSError as exc:
             self._warn("read", "disk cache read failed (%s); treating as a miss", exc)
             return None, ""

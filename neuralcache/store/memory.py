@@ -31,10 +31,13 @@ class BlockKey:
 class MemoryTier:
     """LRU of block bytes, bounded by total bytes.  Not thread-safe: trio loop only."""
 
-    def __init__(self, limit_bytes: int):
+    def __init__(self, limit_bytes: int, release=None):
         self.limit = limit_bytes
         self.used = 0
         self._lru = lru.LRU(_MEM_MAX_ENTRIES)
+        # called with each block's bytes as the tier lets go of them (evicted, dropped
+        # or replaced): buffers.Recycler.give
+        self._release = release or (lambda data: None)
 
     def get(self, bk: BlockKey) -> bytes | None:
         return self._lru.get(bk)
@@ -47,17 +50,21 @@ class MemoryTier:
             self.used -= len(old)
         self._lru[bk] = data
         self.used += len(data)
+        if old is not None and old is not data:
+            self._release(old)
         while self.used > self.limit and len(self._lru):
             # Not popitem(): lru-dict 1.4.1 leaks the tuple it returns, and with it
             # the block (+301 MB for 300 evictions of 1 MiB: python -m bench.micro lru-leak).
             victim_key, victim = self._lru.peek_last_item()
             del self._lru[victim_key]
             self.used -= len(victim)
+            self._release(victim)
 
     def drop(self, bk: BlockKey) -> None:
         old = self._lru.pop(bk, None)
         if old is not None:
             self.used -= len(old)
+            self._release(old)
 
     def __len__(self) -> int:
         return len(self._lru)
