@@ -86,3 +86,23 @@ def test_memory_tier_hands_back_what_it_evicts_drops_and_replaces():
     mem.put(k[2], blocks[3])                # replaces k[2]'s bytes
     mem.put(k[2], blocks[3])                # the same bytes again: nothing let go
     assert [g[0] for g in given] == [0, 1, 2] and mem.used == MB
+
+
+def test_disk_tier_reads_blocks_into_recycled_buffers(tmp_path):
+    """Both layouts of the disk tier (a record in a segment, a block file of its own)
+    read into the recycler's buffers, and a buffer let go is read into again."""
+    from neuralcache.store.blockfiles import padded
+    from neuralcache.store.tiers import BlockKey, DiskTier
+    for pack_max in (8 * MB, 1 * MB):       # 2 MiB blocks: packed, then a file each
+        disk = DiskTier(str(tmp_path / f"c{pack_max}"), 1 << 30, pack_max=pack_max)
+        disk.load()
+        disk.read_buffers = r = buffers.Recycler(padded(2 * MB))
+        blocks = {BlockKey("k", "v", i): os.urandom(2 * MB) for i in range(3)}
+        for bk, data in blocks.items():
+            assert disk.put(bk, data)
+        for bk, data in blocks.items():
+            got = disk.get(bk)
+            assert got == data and isinstance(got.obj, buffers._Slot)
+            r.give(got)
+            del got
+        assert (r.made, r.reused) == (1, 2), pack_max

@@ -2,8 +2,8 @@
 are records appended to shared segment files (``segments.py``), larger ones have a
 file each (``blockfiles.py``).  Both are whole 4 KiB pages ending in a trailer with the
 data's length and xxh3 checksum, written with O_DIRECT from page-aligned buffers and
-read in one call into fresh ones (the page cache where the filesystem refuses
-O_DIRECT).
+read in one call into recycled (``read_buffers``) or fresh ones (the page cache where
+the filesystem refuses O_DIRECT).
 
 Every read verifies length and checksum; a bad block is dropped from the index (and
 its space given back) and reported as a miss.  Any OSError is a miss plus a log line
@@ -169,6 +169,7 @@ class DiskTier:
         """(data, "") for a block whose trailer and checksum hold, else (None, why);
         an OSError is logged and reported as why = "" ."""
         seg = None
+        take = self.read_buffers.take if self.read_buffers is not None else None
         try:
             if sg.loc_sid(v):
                 with self._lock:
@@ -178,12 +179,11 @@ class DiskTier:
                 seg = s
                 length = sg.loc_len(v)
                 nbytes = sg.record_size(length)
-                view = memoryview(buffers.fresh(nbytes))[:nbytes]
+                view = take(nbytes) if take else memoryview(buffers.fresh(nbytes))[:nbytes]
                 got = os.preadv(seg.fd, [view], sg.loc_page(v) * ALIGN)
                 return sg.check(view[:got], length, bytes.fromhex(name), checksum)
             # ``v`` is the data length (or an upper bound within ALIGN of it): the file
             # is read whole in one call and the data returned without a copy
-            take = self.read_buffers.take if self.read_buffers is not None else None
             return read_checked(self._path(name), v, self.direct, take)
         except OSError as exc:
             self._warn("read", "disk cache read failed (%s); treating as a miss", exc)

@@ -19,8 +19,8 @@ creation serves a whole segment (``SEGMENT_BYTES``).  Layout, under
 
 ``<stem>`` is the segment's creation time in ns, 16 hex digits.  A record is laid out
 as a block file (``blockfiles.py``) with the key hash in its trailer, so it is written
-with O_DIRECT from the same page-aligned buffers and read in one call into a fresh
-buffer, the data returned as a view without a copy.
+with O_DIRECT from the same page-aligned buffers and read in one call into a recycled
+or fresh buffer, the data returned as a view without a copy.
 
 Start-up reads the logs, never the records: the live records of a segment are its
 kind-1 entries minus its kind-2 entries, in log order (its write order).  A log entry
