@@ -80,7 +80,7 @@ def read_into(readinto, nbytes: int, huge_pages: bool | None = None,
 # buffers past this are left to the allocator.
 RECYCLE_KEEP_BYTES = 128 << 20
 # Reads of at least this many bytes take a recycled buffer (smaller ones: the allocator
-# reuses its own memory for them; GETs up to 1 MiB go through obstore anyway).
+# reuses its own memory for them; S3 GETs up to 1 MiB go through obstore anyway).
 RECYCLE_MIN = (1 << 20) + 1
 
 

@@ -106,3 +106,19 @@ def test_disk_tier_reads_blocks_into_recycled_buffers(tmp_path):
             r.give(got)
             del got
         assert (r.made, r.reused) == (1, 2), pack_max
+
+
+def test_posix_block_reads_land_in_recycled_buffers(tmp_path):
+    from neuralcache.backends.posix import PosixBackend
+    data = os.urandom(5 * MB + 123)
+    (tmp_path / "f.bin").write_bytes(data)
+    be = PosixBackend(str(tmp_path))
+    be.read_buffers = r = buffers.Recycler(2 * MB)
+    v = be.stat("f.bin").version
+    got = [be.read("f.bin", off, 2 * MB, v) for off in (0, 2 * MB)]
+    assert [bytes(g) for g in got] == [data[:2 * MB], data[2 * MB:4 * MB]]
+    assert all(isinstance(g.obj, buffers._Slot) for g in got)
+    assert be.read("f.bin", 4 * MB, MB + 123, v) == data[4 * MB:]    # the short last block
+    r.give(got[0])
+    del got
+    assert be.read("f.bin", 3 * MB, 2 * MB, v) == data[3 * MB:5 * MB] and r.reused == 1
