@@ -75,7 +75,7 @@ def read_into(readinto, nbytes: int, huge_pages: bool | None = None,
 
 
 # Block-sized read buffers a Recycler keeps for reuse, in bytes (16 blocks of 8 MiB): a
-# sequential stream holds its read-ahead (at most 64 MiB, ahead/readahead.py), the
+# sequential stream holds its read-ahead (up to 128 MiB, ahead/readahead.py), the
 # blocks it left within SEQ_SLACK (32 MiB) and what waits in the disk write queue;
 # buffers past this are left to the allocator.
 RECYCLE_KEEP_BYTES = 128 << 20
@@ -94,6 +94,8 @@ def _unexported(buf: mmap.mmap) -> bool:
     try:
         buf.resize(len(buf))
     except BufferError:
+        return False
+    except (OSError, SystemError, TypeError, ValueError):   # no mremap here: never reuse
         return False
     return True
 

@@ -153,7 +153,7 @@ OPTIONS: dict[str, tuple] = {
                     f"backend requests in flight (default {DEFAULT_CONCURRENCY})"),
     "readahead": (_bool, "sequential read-ahead within files: on|off (default on)"),
     "readahead_size": (lambda v: parse_size(v, "read-ahead size"),
-                       "largest read-ahead window per open file (default 64M)"),
+                       "largest read-ahead window per open file (default 128M)"),
     "prefetch": (_bool, "cross-file prefetch from predictions and hints: on|off "
                         "(default on)"),
     "allow_other": (_bool, "let other users access the mount (needs user_allow_other "

@@ -11,9 +11,15 @@ from __future__ import annotations
 import math
 import time
 
-# Default cap on read-ahead per open file: 1 GB/s x 60 ms RTT = 60 MB, rounded to
-# 64 MiB (8 blocks of 8 MiB).  Above 1 GB/s a Python FUSE daemon is not the limit.
-DEFAULT_MAX_BYTES = 64 << 20
+# Default cap on read-ahead per open file: Little's law with the latency an 8 MiB GET
+# actually has, not the bare round trip.  Over the 60 ms link a block took 125-135 ms
+# (p50) at ~450 MB/s, so 64 MiB (8 blocks) capped a stream at ~500 MB/s; x SAFETY
+# that is ~128 MiB (16 blocks).  `python -m bench.breakdown --size 1G --files 0
+# --mount-args "--readahead-size 128M"` against 64M, order 64 128 128 64: a cold 1 GiB
+# file 448 / 441 -> 491 / 493 MB/s at the same 1.27-1.30 CPU-s/GiB (bench/RESULTS.md).
+# Per-stream windows stay below it unless the stream is that fast (Little's law in
+# _target_blocks); all streams together are bounded by MAX_INFLIGHT_BYTES.
+DEFAULT_MAX_BYTES = 128 << 20
 # Blocks ahead from the first sequential read: one block ahead hides the first round
 # trip of the next block while the current one is consumed.
 MIN_BLOCKS = 1
