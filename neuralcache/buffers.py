@@ -59,6 +59,12 @@ def fresh(nbytes: int, huge_pages: bool | None = None) -> mmap.mmap:
     return buf
 
 
+def fresh_view(nbytes: int) -> memoryview:
+    """A writable view of exactly ``nbytes`` of a ``fresh`` buffer (what a reader
+    without a Recycler reads into)."""
+    return memoryview(fresh(nbytes))[:nbytes]
+
+
 def read_into(readinto, nbytes: int, huge_pages: bool | None = None,
               into: memoryview | None = None) -> memoryview:
     """Call ``readinto(view)`` until ``nbytes`` arrived or it returns 0 (end of
@@ -125,7 +131,7 @@ class Recycler:
         """A writable view of ``nbytes``: a handed-back buffer nobody views any more,
         else a fresh one (one of ours if ``nbytes`` fits a slot)."""
         if not RECYCLE_MIN <= nbytes <= self.slot:
-            return memoryview(fresh(nbytes))[:nbytes]
+            return fresh_view(nbytes)
         with self._lock:
             for i, buf in enumerate(self._back):
                 if _unexported(buf):

@@ -20,7 +20,7 @@ import os
 import uuid
 from typing import Iterator
 
-from ..buffers import RECYCLE_MIN
+from ..buffers import RECYCLE_MIN, read_into
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import FileWindow, ObjectInfo, valid_key, walk_parallel
 
@@ -169,7 +169,9 @@ class PosixBackend:
         try:
             bufs = self.read_buffers
             if bufs is not None and length >= RECYCLE_MIN:
-                data = pread_into(fd, bufs.take(length), offset)
+                os.lseek(fd, offset, os.SEEK_SET)        # this read's own descriptor
+                data = read_into(lambda v: os.readv(fd, [v]), length,
+                                 into=bufs.take(length))
             else:
                 data = pread_exact(fd, length, offset)
             st = os.fstat(fd)
@@ -346,18 +348,6 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
         chunks.append(b)
         done += len(b)
     return b"".join(chunks)
-
-
-def pread_into(fd: int, view: memoryview, offset: int) -> memoryview:
-    """Fill ``view`` from ``offset`` (short only at end of file); what was read, as a
-    view of it."""
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if not n:
-            break
-        done += n
-    return view[:done]
 
 
 def fsync_dir(path: str) -> None:

@@ -39,7 +39,7 @@ from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
 from . import retry, s3native
-from ..buffers import RECYCLE_MIN
+from ..buffers import RECYCLE_MIN, read_into
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
 from .s3list import S3List
@@ -90,17 +90,11 @@ def _read_into(resp, into: memoryview) -> memoryview:
     into ``into``: http.client's readinto fills it from the socket with no bytes object
     in between (urllib3's own readinto reads a bytes object and copies it).  What it
     got, as a view of ``into`` (short if the connection ended early: a short read)."""
-    fp = resp._fp                     # the http.client.HTTPResponse under urllib3's
-    done = 0
-    # urllib3's own wrapper: socket timeouts and resets come out as its HTTPErrors (a
-    # retry, as from read()) and a connection that failed mid-body is not reused
+    # resp._fp: the http.client.HTTPResponse under urllib3's.  urllib3's own wrapper:
+    # socket timeouts and resets come out as its HTTPErrors (a retry, as from read())
+    # and a connection that failed mid-body is not reused
     with resp._error_catcher():
-        while done < len(into):
-            n = fp.readinto(into[done:])
-            if not n:
-                break
-            done += n
-    return into[:done]
+        return read_into(resp._fp.readinto, len(into), into=into)
 
 
 def aws_object_base_url(bucket: str, region: str) -> str:

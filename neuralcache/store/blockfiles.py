@@ -105,7 +105,7 @@ def _read_file(path: str, nbytes: int, direct: bool, take=None):
                 raise
         else:
             try:
-                view = take(nbytes) if take else memoryview(buffers.fresh(nbytes))[:nbytes]
+                view = (take or buffers.fresh_view)(nbytes)
                 return view[:os.preadv(fd, [view], 0)]
             finally:
                 os.close(fd)

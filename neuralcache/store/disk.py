@@ -169,7 +169,8 @@ class DiskTier:
         """(data, "") for a block whose trailer and checksum hold, else (None, why);
         an OSError is logged and reported as why = "" ."""
         seg = None
-        take = self.read_buffers.take if self.read_buffers is not None else None
+        take = self.read_buffers.take if self.read_buffers is not None else \
+            buffers.fresh_view
         try:
             if sg.loc_sid(v):
                 with self._lock:
@@ -179,7 +180,7 @@ class DiskTier:
                 seg = s
                 length = sg.loc_len(v)
                 nbytes = sg.record_size(length)
-                view = take(nbytes) if take else memoryview(buffers.fresh(nbytes))[:nbytes]
+                view = take(nbytes)
                 got = os.preadv(seg.fd, [view], sg.loc_page(v) * ALIGN)
                 return sg.check(view[:got], length, bytes.fromhex(name), checksum)
             # ``v`` is the data length (or an upper bound within ALIGN of it): the file
