@@ -625,3 +625,39 @@ def test_a_write_that_does_not_land_fails_the_file_until_truncated(tmp_path, mon
 
     trio.run(main)
     os.close(lf.fd)
+
+
+def test_an_unlink_returns_once_its_staging_file_is_deleted(tmp_path):
+    """CI: the file that filled the journal was unlinked, and a create right after it
+    got ENOSPC because the staging file's deletion still waited in a worker thread.
+    The deletion is slowed here; the unlink must not return before it."""
+    import time as _time
+
+    from neuralcache.namespace import ROOT_INODE
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    layer._current[lf.staging] = lf
+    path = layer.journal.staging_path(lf.staging)
+    remove = layer.journal.remove_staging
+
+    def slow_remove(name):
+        _time.sleep(0.3)
+        remove(name)
+
+    layer.journal.remove_staging = slow_remove
+
+    class Listed:                        # the root is listed already
+        async def ready(self, node):
+            pass
+
+    layer.lister = Listed()
+
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(layer.run)
+            assert os.path.exists(path)
+            await layer.unlink(ROOT_INODE, "model.pt")
+            assert not os.path.exists(path)
+            n.cancel_scope.cancel()
+
+    trio.run(main)

@@ -102,6 +102,7 @@ class NameOps:
         node.ctime = time.time()
         self._touch(self._dir(parent_inode))
         await self._commit("unlink", acts, new_ops, released, path=node.key)
+        await self.staging_removed()
 
     def _forget_file(self, node: Node, delete_remote: bool
                      ) -> tuple[list[dict], list[str], list[Op], bool]:
@@ -243,6 +244,7 @@ class NameOps:
         self._touch(self._dir(old_parent), new_parent)
         node.ctime = time.time()
         await self._commit("rename", acts, new_ops, released, src=src, dst=dst)
+        await self.staging_removed()
 
     def _move_file(self, f: Node, k: str, k2: str, target_held: bool
                    ) -> tuple[list[dict], list[str], list[Op]]:
