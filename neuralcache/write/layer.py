@@ -73,8 +73,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self._current: dict[str, LocalFile] = {}       # staging -> file it is current for
         self._unsealed: set[str] = set()
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
-        self._removing = 0                    # staging files being deleted (records.py)
-        self._removals_done = trio.Event()
+        self._removals: set[trio.Event] = set()   # staging files being deleted
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change

@@ -52,26 +52,25 @@ class Records:
         if name in self._current or name in self._cancelling or self.queue.puts_of(name):
             return
         if self._nursery is not None:
-            if not self._removing:
-                self._removals_done = trio.Event()
-            self._removing += 1
-            self._nursery.start_soon(self._remove_staging, name)
+            done = trio.Event()
+            self._removals.add(done)
+            self._nursery.start_soon(self._remove_staging, name, done)
 
-    async def _remove_staging(self, name: str) -> None:
+    async def _remove_staging(self, name: str, done: trio.Event) -> None:
         try:
             await trio.to_thread.run_sync(self.journal.remove_staging, name)
         finally:
-            self._removing -= 1
-            if not self._removing:
-                self._removals_done.set()
+            self._removals.discard(done)
+            done.set()
 
     async def staging_removed(self) -> None:
-        """Until every staging file released so far is deleted.  An unlink or a rename
-        over a file returns only then, so the space it frees is free when the call
-        returns, as on a local disk (CI: a create right after the unlink of the file
-        that filled the journal got ENOSPC while the deletion was still queued)."""
-        while self._removing:
-            await self._removals_done.wait()
+        """Until the staging files released so far are deleted (not those released
+        while it waits).  An unlink or a rename over a file returns only then, so the
+        space it frees is free when the call returns, as on a local disk (CI: a create
+        right after the unlink of the file that filled the journal got ENOSPC while the
+        deletion was still queued)."""
+        for done in list(self._removals):
+            await done.wait()
 
     def _on_done(self, op: Op, info: ObjectInfo | None) -> None:
         """The uploader finished ``op`` (its done record is durable)."""
