@@ -527,6 +527,35 @@ def test_journal_disk_full_gives_enospc_and_keeps_earlier_files(seaweed, s3, buc
         subprocess.run(["umount", "-l", str(cache)])
 
 
+def test_a_save_into_a_full_journal_waits_for_the_last_upload(seaweed, s3, bucket,
+                                                              tmp_path, env):
+    """Checkpoints saved back to back on a small journal disk: the second fills the disk
+    while the first still uploads (a 48 Mbit/s link).  Its writes wait for that upload
+    to free its staging file instead of failing with ENOSPC, and both arrive whole."""
+    from bench.wan import WanProxy
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    cache = tmp_path / "tmpfs"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
+    try:
+        first, second = payload(12, 36 * MB), payload(13, 36 * MB)
+        with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=20, mbit=48) as proxy, \
+                mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
+                        args=["--endpoint-url", proxy.endpoint, "--writable",
+                              "--cache-size", "8M", "--block-size", "1M"]) as mp:
+            (mp / "step-1.pt").write_bytes(first)            # uploads for ~6 s
+            (mp / "step-2.pt").write_bytes(second)           # no room until it ends
+            assert stats(mp)["journal_full_waits"] >= 1
+            sync(mp, env)
+            got = in_bucket(s3, bucket)
+            assert digests(got) == digests({"step-1.pt": first, "step-2.pt": second})
+            assert digest((mp / "step-2.pt").read_bytes()) == digest(second)
+    finally:
+        subprocess.run(["umount", "-l", str(cache)])
+
+
 def test_two_files_written_by_8_threads_each(seaweed, s3, bucket, tmp_path, env):
     size, threads = 16 * MB, 8
     datas = {name: payload(30 + i, size) for i, name in enumerate(["x.bin", "y.bin"])}

@@ -661,3 +661,102 @@ def test_an_unlink_returns_once_its_staging_file_is_deleted(tmp_path):
             n.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def _full_once(monkeypatch):
+    """The first landing of a write starting with b"x" finds the disk full."""
+    from neuralcache.errors import JournalFull
+    from neuralcache.write import behind
+
+    real, calls = behind._pwrite_own, []
+
+    def pwrite_own(fd, data, off, kick):
+        calls.append(bytes(data[:1]))
+        if data.startswith(b"x") and calls.count(b"x") == 1:
+            os.close(fd)
+            raise JournalFull("journal disk full")
+        return real(fd, data, off, kick)
+
+    monkeypatch.setattr(behind, "_pwrite_own", pwrite_own)
+    return calls
+
+
+def _another_upload(layer):
+    """A sealed file of another name waiting for its upload: its staging file goes
+    when the upload ends."""
+    name, fd = layer.journal.create_staging()
+    os.write(fd, b"other")
+    os.close(fd)
+    return layer.queue.new("put", "other.bin", staging=name, size=5)
+
+
+def _open_for_writing(layer, lf):
+    """``lf`` still being written (unsealed): a write needs no copy on write, whose
+    deletion of the old staging file would free space by itself."""
+    lf.sealed = False
+    lf.fd = os.open(layer.journal.staging_path(lf.staging), os.O_RDWR)
+    layer._current[lf.staging] = lf
+    layer._unsealed.add(lf.staging)
+
+
+def test_a_write_into_a_full_journal_waits_for_an_upload_to_free_space(tmp_path,
+                                                                      monkeypatch):
+    """A checkpoint written while the last one still uploads: its write finds the
+    journal's disk full, waits until that upload ends and deletes its staging file,
+    then lands (it used to fail the file with ENOSPC at once)."""
+    calls = _full_once(monkeypatch)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    op = _another_upload(layer)
+
+    async def upload_ends():
+        await trio.sleep(0.2)
+        layer.queue.finish(op)
+        layer._release_staging(op.staging)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            n.start_soon(upload_ends)
+            await layer.write(h, 0, b"x" * 100)          # answered; lands after 0.2 s
+            await layer.behind.drained(lf)
+            assert lf.error is None and layer.behind.full_waits == 1
+            assert layer.behind.failures == 0
+            assert await layer.read(h, 0, 200) == b"x" * 100
+            assert not os.path.exists(layer.journal.staging_path(op.staging))
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    assert calls == [b"x", b"x"]
+    os.close(lf.fd)
+
+
+def test_a_write_into_a_full_journal_fails_when_no_upload_frees_space(tmp_path,
+                                                                     monkeypatch):
+    """The remote is down (the other upload never ends): after JOURNAL_FULL_STALL_S
+    the write fails the file with ENOSPC, as with nothing to wait for."""
+    from neuralcache.errors import JournalFull
+    from neuralcache.write import records
+
+    _full_once(monkeypatch)
+    monkeypatch.setattr(records, "JOURNAL_FULL_STALL_S", 0.3)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    _another_upload(layer)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            t0 = trio.current_time()
+            await layer.write(h, 0, b"x" * 100)
+            await layer.behind.drained(lf)
+            assert 0.25 < trio.current_time() - t0 < 5
+            assert isinstance(lf.error, JournalFull) and layer.behind.failures == 1
+            with pytest.raises(JournalFull):
+                await layer.write(h, 100, b"y")
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    os.close(lf.fd)

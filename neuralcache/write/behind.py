@@ -15,6 +15,9 @@ What keeps it exact (the rules write/layer.py relies on):
 * A write pwrites through its own duplicate of the staging file's descriptor, so
   closing the file's descriptor meanwhile (the file unlinked while open) can never
   send its bytes into another file that reuses the number.
+* A write that finds the journal's disk full waits, holding its place, while uploads
+  in flight can free space (``room``: write/layer.py ``_journal_room``) and lands
+  then; only a write that nothing can make room for fails with ENOSPC.
 * A write that fails to land (ENOSPC, EIO) marks its file: the file's next write,
   ``close()`` and ``fsync()`` fail with that error and its data is not journaled (the
   remote keeps the previous version) until a truncate cuts below the failed range
@@ -26,11 +29,11 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Callable
+from typing import Awaitable, Callable
 
 import trio
 
-from ..errors import JournalError
+from ..errors import JournalError, JournalFull
 from .files import LocalFile, pwrite_all
 from .journal import journal_error
 
@@ -60,6 +63,10 @@ class WriteBehind:
         self.max_bytes = max_bytes
         self.bytes = 0             # answered, not yet landed
         self.failures = 0          # writes that did not land (read by stats)
+        self.full_waits = 0        # times a write waited for journal space (stats)
+        # async (lf) -> bool: the journal is full; True once space may have been freed
+        # (try again), False if nothing pending can free it.  None: fail at once.
+        self.room: Callable[[LocalFile], Awaitable[bool]] | None = None
         self._seq = itertools.count()
         self._lot = trio.lowlevel.ParkingLot()
         self.nursery: trio.Nursery | None = None   # set by WriteLayer.run
@@ -91,8 +98,21 @@ class WriteBehind:
     async def _land(self, lf: LocalFile, token: int, fd: int, off: int, data: bytes,
                     kick: bool, landed: Callable[[LocalFile, int], None]) -> None:
         try:
-            await trio.to_thread.run_sync(_pwrite_own, fd, data, off, kick,
-                                          limiter=self._disk)
+            while True:
+                try:
+                    await trio.to_thread.run_sync(_pwrite_own, fd, data, off, kick,
+                                                  limiter=self._disk)
+                    break
+                except JournalFull:
+                    # the file's descriptor stays while this write holds the gate,
+                    # unless the file was unlinked (then there is no file to wait for)
+                    if self.room is None or lf.fd is None or not await self.room(lf):
+                        raise
+                    self.full_waits += 1
+                    try:
+                        fd = os.dup(lf.fd)        # _pwrite_own closed the last one
+                    except OSError as exc:
+                        raise journal_error(exc, "writing to the journal") from None
         except BaseException as exc:    # JournalError; anything else (the daemon
             self.failures += 1          # stopping) marks the file the same way
             if lf.error is None or off < lf.error_at:

@@ -64,6 +64,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self._disk = trio.CapacityLimiter(DISK_THREADS)
         self.committer = Committer(self.journal, self._pending_acts, self._disk)
         self.behind = WriteBehind(self._disk)        # writes answered before they land
+        self.behind.room = self._journal_room
         self.uploader = Uploader(backend, self.journal, self.committer, self.queue,
                                  sealed=self._sealed, on_done=self._on_done,
                                  on_copied=self._moved)
@@ -74,6 +75,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self._unsealed: set[str] = set()
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
         self._removals: set[trio.Event] = set()   # staging files being deleted
+        self._freed = trio.Event()       # set (and replaced) at each deletion
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change
@@ -123,6 +125,7 @@ class WriteLayer(NameOps, Records, Barriers):
                 "files_open_for_write": sum(1 for lf in self.files.values() if lf.writers),
                 "journal_errors": (self.journal_errors + self.committer.write_errors
                                    + self.behind.failures),
+                "journal_full_waits": self.behind.full_waits,
                 "write_behind_bytes": self.behind.bytes,
                 **self.queue.stats(), **self.uploader.stats()}
 

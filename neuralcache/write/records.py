@@ -12,6 +12,12 @@ import trio
 from ..backends.base import ObjectInfo
 from .opqueue import Op
 
+# How long a write that found the journal's disk full waits for the uploads in flight
+# to delete a staging file before it fails with ENOSPC.  A pending upload of 1 GiB over
+# the 60 ms link takes ~10 s (bench checkpoint scenario), so 60 s lets several finish;
+# a remote that is down retries for ever, and the writer gets its ENOSPC after this.
+JOURNAL_FULL_STALL_S = 60.0
+
 
 class Records:
     def _cancel_tail_puts(self, key: str) -> list[Op]:
@@ -62,6 +68,31 @@ class Records:
         finally:
             self._removals.discard(done)
             done.set()
+            freed, self._freed = self._freed, trio.Event()
+            freed.set()
+
+    async def _journal_room(self, lf) -> bool:
+        """A write to ``lf`` found the journal's disk full (write/behind.py): wait for
+        the next staging file to be deleted while something can still free one (a
+        deletion under way, or an upload of another, sealed file: each deletes its
+        staging file when it ends).  False, and the write fails with ENOSPC, when
+        nothing can, or when none is deleted for JOURNAL_FULL_STALL_S (the remote down:
+        the uploads retry forever)."""
+        async def first(wait, scope: trio.CancelScope) -> None:
+            await wait()
+            scope.cancel()
+
+        with trio.move_on_after(JOURNAL_FULL_STALL_S):
+            while self._removals or any(
+                    op.kind == "put" and op.staging != lf.staging
+                    and self._sealed(op.staging) for op in self.queue.ops.values()):
+                freed = self._freed
+                async with trio.open_nursery() as n:   # a deletion, or the queue moved
+                    n.start_soon(first, freed.wait, n.cancel_scope)
+                    n.start_soon(first, self.queue.changed, n.cancel_scope)
+                if freed.is_set():
+                    return True
+        return False
 
     async def staging_removed(self) -> None:
         """Until the staging files released so far are deleted (not those released
