@@ -80,6 +80,35 @@ def test_failed_append_is_cut_back_and_reported_as_full(tmp_path, monkeypatch):
     assert [a["id"] for a in Journal(str(tmp_path)).open()] == [1, 3]
 
 
+def test_a_full_disk_gives_the_log_its_reserve_then_takes_it_back(tmp_path, monkeypatch):
+    """Written data filled the disk: the log's next record still lands, in the space
+    its reserve file held (an upload's "done" record must, or its staging file is never
+    deleted), and the reserve comes back once a staging file is deleted."""
+    from neuralcache.write.journal import LOG_RESERVE_BYTES
+
+    j = Journal(str(tmp_path))
+    j.open()
+    assert os.path.getsize(j.reserve_path) == LOG_RESERVE_BYTES
+    real_write, always = os.write, [False]
+
+    def full_until_the_reserve_goes(fd, data):
+        if fd == j._fd and (always[0] or os.path.exists(j.reserve_path)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", full_until_the_reserve_goes)
+    j.append([rec(put(1, "a"))])                      # landed: the reserve went
+    assert not os.path.exists(j.reserve_path)
+    always[0] = True
+    with pytest.raises(JournalFull):                  # no second reserve to give
+        j.append([rec(put(2, "b"))])
+    monkeypatch.setattr(os, "write", real_write)
+    j.remove_staging("gone-already")                  # space came back
+    assert os.path.getsize(j.reserve_path) == LOG_RESERVE_BYTES
+    j.close()
+    assert [a["id"] for a in Journal(str(tmp_path)).open()] == [1]
+
+
 def test_compaction_keeps_only_pending(tmp_path):
     j = Journal(str(tmp_path))
     j.open()

@@ -5,6 +5,7 @@ read cache's ``blocks/`` and never touched by its eviction::
 
     journal/staging/<name>   one file per version of a file being written
     journal/intent.log       append-only intent log: JSON lines, fsynced
+    journal/log.reserve      LOG_RESERVE_BYTES kept for the log on a full disk
 
 Each line is ``{"rec": {...}, "xxh": "<xxh64 of rec>"}`` where rec is
 ``{"t": <unix time>, "what": "<why>", "acts": [...]}``.  The acts of one record are
@@ -58,6 +59,13 @@ END_ACTS = ("done", "cancel", "discard")
 # they would take less than half of it: 16 MiB is ~100k records, read at mount in
 # well under a second.
 COMPACT_BYTES = 16 << 20
+# Disk space set aside for the intent log (a preallocated file, given up when an
+# append finds the disk full and made again once a staging file is deleted): on a disk
+# that written data filled, the "done" record an upload must write before it deletes
+# its staging file still lands, so waiting writers get that space back (layer.py
+# ``_journal_room``).  A record is ~200 bytes: 4 MiB is ~20,000 records.
+LOG_RESERVE_BYTES = 4 << 20
+RESERVE_NAME = "log.reserve"
 # After a failed log write the committer tries again this often; the records stay
 # queued, in order, and the operations they describe do not start until written.
 RETRY_S = 1.0
@@ -100,6 +108,8 @@ class Journal:
         self._fd: int | None = None
         self._good = 0          # bytes of the log known to be whole lines
         self._torn = False      # a failed write may have left a partial line
+        self.reserve_path = os.path.join(root, RESERVE_NAME)
+        self._reserved = False  # the reserve file is in place
         self.last_id = 0
 
     # -- start-up ------------------------------------------------------------------
@@ -115,7 +125,41 @@ class Journal:
             fsync_up(self.root)
         self._good = os.fstat(self._fd).st_size
         self._torn = self._good > 0 and not self._ends_with_newline()
+        self.keep_reserve()
         return pending
+
+    def keep_reserve(self) -> None:
+        """Put the log's reserve back if it was given up (blocking); quietly nothing if
+        the disk has no room for it yet."""
+        if self._reserved:
+            return
+        tmp = self.reserve_path + ".tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, LOG_RESERVE_BYTES)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.reserve_path)
+            self._reserved = True
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def _give_up_reserve(self) -> bool:
+        """The disk is full: free the reserve for the log.  False if there was none."""
+        if not self._reserved:
+            return False
+        self._reserved = False
+        try:
+            os.unlink(self.reserve_path)
+        except FileNotFoundError:
+            pass
+        log.warning("journal: the disk is full; the intent log uses its %d MiB reserve",
+                    LOG_RESERVE_BYTES >> 20)
+        return True
 
     def _ends_with_newline(self) -> bool:
         with open(self.log_path, "rb") as f:
@@ -160,21 +204,24 @@ class Journal:
         data = b"".join(_encode(r) for r in recs)
         with self._lock:
             assert self._fd is not None, "journal not open"
-            if self._torn:
-                data = b"\n" + data
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self._fd, view):]
-                os.fsync(self._fd)
-            except OSError as exc:
+            while True:
+                line = b"\n" + data if self._torn else data
                 try:
-                    os.ftruncate(self._fd, self._good)
-                    self._torn = False
-                except OSError:
-                    self._torn = True
-                raise journal_error(exc, "writing the intent log") from None
-            self._good += len(data)
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(self._fd, view):]
+                    os.fsync(self._fd)
+                    break
+                except OSError as exc:
+                    try:
+                        os.ftruncate(self._fd, self._good)
+                        self._torn = False
+                    except OSError:
+                        self._torn = True
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._give_up_reserve():
+                        continue
+                    raise journal_error(exc, "writing the intent log") from None
+            self._good += len(line)
             self._torn = False
 
     def size(self) -> int:
@@ -230,6 +277,7 @@ class Journal:
             pass
         except OSError as exc:
             log.warning("journal: cannot remove staging file %s: %s", name, exc)
+        self.keep_reserve()
 
     def sync_staging_dir(self) -> None:
         try:
