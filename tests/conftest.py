@@ -138,6 +138,22 @@ def is_mounted(path) -> bool:
 
 
 @contextlib.contextmanager
+def small_tmpfs(tmp_path: Path, size: str):
+    """A tmpfs of ``size`` under ``tmp_path`` (a disk that fills on demand); the test
+    is skipped without root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a small tmpfs")
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)],
+                   check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)])
+
+
+@contextlib.contextmanager
 def mounted(source: str, mountpoint, *, env=None, cache_dir=None, args=()):
     """Mount with the real CLI (background mode); always unmount afterwards."""
     mountpoint = Path(mountpoint)

@@ -20,7 +20,7 @@ from bench.tools.soak import random_reads
 from bench.systems.pagecache import drop_page_cache
 from bench.wan import WanProxy
 from conftest import (cli_env, digest, eventually, mounted, needs_fuse, new_bucket, payload,
-                      run_cli, upload_tree)
+                      run_cli, small_tmpfs, upload_tree)
 from neuralcache.store.tiers import DiskTier
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
@@ -123,31 +123,24 @@ def test_kill9_during_reads_leaves_a_valid_cache(seaweed, fault_bucket, files, t
 
 
 def test_disk_full_reads_pass_through_and_recover(seaweed, fault_bucket, files, tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    cache = tmp_path / "tmpfs"
-    cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3M", "tmpfs", str(cache)], check=True)
-    try:
-        with mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
-                     cache_dir=cache, args=["--endpoint-url", seaweed.endpoint,
-                                            "--cache-size", "1G", "--block-size", "1M"]) as mp:
-            keys = sorted(files)
-            for k in keys[:4]:
-                assert digest((mp / k).read_bytes()) == digest(files[k])
-            time.sleep(0.5)
-            assert stats(mp)["disk_cache_writable"] is False
-            log = (cache / "neuralcache.log").read_text()
-            assert log.count("disk cache write failed") == 1     # one warning, not a flood
-            subprocess.run(["mount", "-o", "remount,size=256M", str(cache)], check=True)
-            time.sleep(5.5)                   # the disk tier retries writes every 5 s
-            for k in keys[4:8]:
-                assert digest((mp / k).read_bytes()) == digest(files[k])
-            time.sleep(0.5)
-            s = stats(mp)
-            assert s["disk_cache_writable"] is True and s["cache_disk_blocks"] > 0
-    finally:
-        subprocess.run(["umount", "-l", str(cache)])
+    with small_tmpfs(tmp_path, "3M") as cache, \
+            mounted(f"s3://{fault_bucket}", tmp_path / "mnt", env=cli_env(seaweed),
+                    cache_dir=cache, args=["--endpoint-url", seaweed.endpoint,
+                                           "--cache-size", "1G", "--block-size", "1M"]) as mp:
+        keys = sorted(files)
+        for k in keys[:4]:
+            assert digest((mp / k).read_bytes()) == digest(files[k])
+        time.sleep(0.5)
+        assert stats(mp)["disk_cache_writable"] is False
+        log = (cache / "neuralcache.log").read_text()
+        assert log.count("disk cache write failed") == 1     # one warning, not a flood
+        subprocess.run(["mount", "-o", "remount,size=256M", str(cache)], check=True)
+        time.sleep(5.5)                   # the disk tier retries writes every 5 s
+        for k in keys[4:8]:
+            assert digest((mp / k).read_bytes()) == digest(files[k])
+        time.sleep(0.5)
+        s = stats(mp)
+        assert s["disk_cache_writable"] is True and s["cache_disk_blocks"] > 0
 
 
 def test_security_defaults(seaweed, fault_bucket, tmp_path):

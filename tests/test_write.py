@@ -16,7 +16,7 @@ import xxhash
 
 from awsproxy import AwsProxy, _error_xml
 from conftest import (cli_env, digest, eventually, is_mounted, mounted, needs_fuse,
-                      new_bucket, payload, run_cli, upload_tree)
+                      new_bucket, payload, run_cli, small_tmpfs, upload_tree)
 from test_e2e import read_tree, stats
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
@@ -496,35 +496,28 @@ def test_resets_and_stalls_during_uploads_lose_nothing(seaweed, s3, bucket, tmp_
 
 def test_journal_disk_full_gives_enospc_and_keeps_earlier_files(seaweed, s3, bucket,
                                                                tmp_path, env):
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    cache = tmp_path / "tmpfs"
-    cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
-    try:
-        first = payload(10, 20 * MB)
-        with mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
-                     args=["--endpoint-url", seaweed.endpoint, "--writable",
-                           "--cache-size", "8M", "--block-size", "1M"]) as mp:
-            (mp / "first.bin").write_bytes(first)
-            with pytest.raises(OSError) as e:
-                with open(mp / "huge.bin", "wb") as f:
-                    for _ in range(80):
-                        f.write(payload(11, MB))
-            assert e.value.errno == errno.ENOSPC
-            assert digest((mp / "first.bin").read_bytes()) == digest(first)
-            # close() has returned, but the kernel sends RELEASE in the background: the
-            # staging file goes at the later of the release and the unlink (CI once
-            # wrote after.bin between the two and got ENOSPC)
-            assert eventually(lambda: stats(mp)["open_handles"] == 0, timeout=30.0)
-            os.unlink(mp / "huge.bin")                 # frees its journal space
-            (mp / "after.bin").write_bytes(b"room again")
-            sync(mp, env)
-            got = in_bucket(s3, bucket)
-            assert digest(got["first.bin"]) == digest(first)
-            assert got["after.bin"] == b"room again" and "huge.bin" not in got
-    finally:
-        subprocess.run(["umount", "-l", str(cache)])
+    first = payload(10, 20 * MB)
+    with small_tmpfs(tmp_path, "64m") as cache, \
+            mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
+                    args=["--endpoint-url", seaweed.endpoint, "--writable",
+                          "--cache-size", "8M", "--block-size", "1M"]) as mp:
+        (mp / "first.bin").write_bytes(first)
+        with pytest.raises(OSError) as e:
+            with open(mp / "huge.bin", "wb") as f:
+                for _ in range(80):
+                    f.write(payload(11, MB))
+        assert e.value.errno == errno.ENOSPC
+        assert digest((mp / "first.bin").read_bytes()) == digest(first)
+        # close() has returned, but the kernel sends RELEASE in the background: the
+        # staging file goes at the later of the release and the unlink (CI once
+        # wrote after.bin between the two and got ENOSPC)
+        assert eventually(lambda: stats(mp)["open_handles"] == 0, timeout=30.0)
+        os.unlink(mp / "huge.bin")                 # frees its journal space
+        (mp / "after.bin").write_bytes(b"room again")
+        sync(mp, env)
+        got = in_bucket(s3, bucket)
+        assert digest(got["first.bin"]) == digest(first)
+        assert got["after.bin"] == b"room again" and "huge.bin" not in got
 
 
 def test_a_save_into_a_full_journal_waits_for_the_last_upload(seaweed, s3, bucket,
@@ -534,26 +527,19 @@ def test_a_save_into_a_full_journal_waits_for_the_last_upload(seaweed, s3, bucke
     to free its staging file instead of failing with ENOSPC, and both arrive whole."""
     from bench.wan import WanProxy
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a small tmpfs")
-    cache = tmp_path / "tmpfs"
-    cache.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
-    try:
-        first, second = payload(12, 36 * MB), payload(13, 36 * MB)
-        with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=20, mbit=48) as proxy, \
-                mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
-                        args=["--endpoint-url", proxy.endpoint, "--writable",
-                              "--cache-size", "8M", "--block-size", "1M"]) as mp:
-            (mp / "step-1.pt").write_bytes(first)            # uploads for ~6 s
-            (mp / "step-2.pt").write_bytes(second)           # no room until it ends
-            assert stats(mp)["journal_full_waits"] >= 1
-            sync(mp, env)
-            got = in_bucket(s3, bucket)
-            assert digests(got) == digests({"step-1.pt": first, "step-2.pt": second})
-            assert digest((mp / "step-2.pt").read_bytes()) == digest(second)
-    finally:
-        subprocess.run(["umount", "-l", str(cache)])
+    first, second = payload(12, 36 * MB), payload(13, 36 * MB)
+    with small_tmpfs(tmp_path, "64m") as cache, \
+            WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=20, mbit=48) as proxy, \
+            mounted(f"s3://{bucket}", tmp_path / "mnt", env=env, cache_dir=cache,
+                    args=["--endpoint-url", proxy.endpoint, "--writable",
+                          "--cache-size", "8M", "--block-size", "1M"]) as mp:
+        (mp / "step-1.pt").write_bytes(first)            # uploads for ~6 s
+        (mp / "step-2.pt").write_bytes(second)           # no room until it ends
+        assert stats(mp)["journal_full_waits"] >= 1
+        sync(mp, env)
+        got = in_bucket(s3, bucket)
+        assert digests(got) == digests({"step-1.pt": first, "step-2.pt": second})
+        assert digest((mp / "step-2.pt").read_bytes()) == digest(second)
 
 
 def test_two_files_written_by_8_threads_each(seaweed, s3, bucket, tmp_path, env):
