@@ -134,19 +134,23 @@ class Journal:
         if self._reserved:
             return
         tmp = self.reserve_path + ".tmp"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with self._lock:               # deletions call this from several threads
+            if self._reserved:
+                return
             try:
-                os.posix_fallocate(fd, 0, LOG_RESERVE_BYTES)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self.reserve_path)
-            self._reserved = True
-        except OSError:
-            try:
-                os.unlink(tmp)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                             0o600)
+                try:
+                    os.posix_fallocate(fd, 0, LOG_RESERVE_BYTES)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.reserve_path)
+                self._reserved = True
             except OSError:
-                pass
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
     def _give_up_reserve(self) -> bool:
         """The disk is full: free the reserve for the log.  False if there was none."""
