@@ -75,7 +75,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self._unsealed: set[str] = set()
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
         self._removals: set[trio.Event] = set()   # staging files being deleted
-        self._deleted = 0                # staging files deleted so far (records.py)
+        self._freed = trio.Event()       # set (and replaced) at each deletion
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change

@@ -68,8 +68,8 @@ class Records:
         finally:
             self._removals.discard(done)
             done.set()
-            self._deleted += 1
-            self.queue.notify()         # wakes a write waiting for room (_journal_room)
+            freed, self._freed = self._freed, trio.Event()
+            freed.set()
 
     async def _journal_room(self, lf) -> bool:
         """A write to ``lf`` found the journal's disk full (write/behind.py): wait for
@@ -78,13 +78,19 @@ class Records:
         staging file when it ends).  False, and the write fails with ENOSPC, when
         nothing can, or when none is deleted for JOURNAL_FULL_STALL_S (the remote down:
         the uploads retry forever)."""
+        async def first(wait, scope: trio.CancelScope) -> None:
+            await wait()
+            scope.cancel()
+
         with trio.move_on_after(JOURNAL_FULL_STALL_S):
             while self._removals or any(
                     op.kind == "put" and op.staging != lf.staging
                     and self._sealed(op.staging) for op in self.queue.ops.values()):
-                seen = self._deleted
-                await self.queue.changed()      # a deletion, or the queue moved
-                if self._deleted != seen:
+                freed = self._freed
+                async with trio.open_nursery() as n:   # a deletion, or the queue moved
+                    n.start_soon(first, freed.wait, n.cancel_scope)
+                    n.start_soon(first, self.queue.changed, n.cancel_scope)
+                if freed.is_set():
                     return True
         return False
 
