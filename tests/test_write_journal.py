@@ -789,3 +789,79 @@ def test_a_write_into_a_full_journal_fails_when_no_upload_frees_space(tmp_path,
 
     trio.run(main)
     os.close(lf.fd)
+
+
+def _unlinked_while_open(layer):
+    """Another file, unlinked while a descriptor still holds it: its staging file goes
+    at that descriptor's RELEASE (``close()`` has returned before the kernel sends it)."""
+    from neuralcache.write.files import LocalFile
+
+    name, fd = layer.journal.create_staging()
+    os.write(fd, b"gone")
+    other = LocalFile(999, "gone.bin", name, fd, size=4, writers=1, unlinked=True)
+    layer._current[name] = other
+    return other
+
+
+def test_a_write_into_a_full_journal_waits_for_a_late_release_of_an_unlinked_file(
+        tmp_path, monkeypatch):
+    """``close(); unlink()`` of the file that filled the journal, then a write to
+    another: the RELEASE of the unlinked file may reach the daemon after the write
+    found the disk full.  The write waits for it, then lands (it used to get ENOSPC:
+    nothing else was pending)."""
+    calls = _full_once(monkeypatch)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    other = _unlinked_while_open(layer)
+    gone = layer.journal.staging_path(other.staging)
+
+    async def late_release():
+        await trio.sleep(0.2)
+        other.writers = 0
+        layer._forget_local(other)          # what release() does for an unlinked file
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            n.start_soon(late_release)
+            await layer.write(h, 0, b"x" * 100)
+            await layer.behind.drained(lf)
+            assert lf.error is None and layer.behind.full_waits == 1
+            assert await layer.read(h, 0, 200) == b"x" * 100
+            assert not os.path.exists(gone)
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    assert calls == [b"x", b"x"]
+    os.close(lf.fd)
+
+
+def test_a_file_kept_open_after_its_unlink_holds_a_full_journal_only_briefly(
+        tmp_path, monkeypatch):
+    """A program keeps an unlinked file open: its space comes back only when it closes
+    it, so a write that found the journal full fails after UNLINKED_RELEASE_WAIT_S, not
+    after the minute an upload in flight would be given."""
+    from neuralcache.errors import JournalFull
+    from neuralcache.write import records
+
+    _full_once(monkeypatch)
+    monkeypatch.setattr(records, "UNLINKED_RELEASE_WAIT_S", 0.3)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    other = _unlinked_while_open(layer)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            t0 = trio.current_time()
+            await layer.write(h, 0, b"x" * 100)
+            await layer.behind.drained(lf)
+            assert 0.25 < trio.current_time() - t0 < 5
+            assert isinstance(lf.error, JournalFull) and layer.behind.failures == 1
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    os.close(lf.fd)
+    os.close(other.fd)

@@ -5,6 +5,7 @@ upload that finished changes.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import trio
@@ -17,6 +18,13 @@ from .opqueue import Op
 # the 60 ms link takes ~10 s (bench checkpoint scenario), so 60 s lets several finish;
 # a remote that is down retries for ever, and the writer gets its ENOSPC after this.
 JOURNAL_FULL_STALL_S = 60.0
+# A file unlinked while open frees its staging file only when its last descriptor
+# closes, and close() returns before the kernel's RELEASE reaches the daemon: right
+# after ``close(); unlink()`` that RELEASE may still be on its way (milliseconds).  A
+# write that found the journal full waits this long for such a file; one that a
+# program keeps open frees nothing until it closes, so the write then fails after
+# this, not after JOURNAL_FULL_STALL_S.
+UNLINKED_RELEASE_WAIT_S = 2.0
 
 
 class Records:
@@ -74,22 +82,32 @@ class Records:
     async def _journal_room(self, lf) -> bool:
         """A write to ``lf`` found the journal's disk full (write/behind.py): wait for
         the next staging file to be deleted while something can still free one (a
-        deletion under way, or an upload of another, sealed file: each deletes its
-        staging file when it ends).  False, and the write fails with ENOSPC, when
-        nothing can, or when none is deleted for JOURNAL_FULL_STALL_S (the remote down:
-        the uploads retry forever)."""
+        deletion under way, an upload of another, sealed file: each deletes its
+        staging file when it ends; or, for UNLINKED_RELEASE_WAIT_S, another file
+        unlinked while open, whose RELEASE may still be on its way).  False, and the
+        write fails with ENOSPC, when nothing can, or when none is deleted for
+        JOURNAL_FULL_STALL_S (the remote down: the uploads retry forever)."""
         async def first(wait, scope: trio.CancelScope) -> None:
             await wait()
             scope.cancel()
 
+        late = trio.current_time() + UNLINKED_RELEASE_WAIT_S
         with trio.move_on_after(JOURNAL_FULL_STALL_S):
-            while self._removals or any(
-                    op.kind == "put" and op.staging != lf.staging
-                    and self._sealed(op.staging) for op in self.queue.ops.values()):
+            while True:
+                if self._removals or any(
+                        op.kind == "put" and op.staging != lf.staging
+                        and self._sealed(op.staging) for op in self.queue.ops.values()):
+                    until = math.inf
+                elif trio.current_time() < late and any(
+                        f.unlinked and f is not lf for f in self._current.values()):
+                    until = late
+                else:
+                    return False
                 freed = self._freed
-                async with trio.open_nursery() as n:   # a deletion, or the queue moved
-                    n.start_soon(first, freed.wait, n.cancel_scope)
-                    n.start_soon(first, self.queue.changed, n.cancel_scope)
+                with trio.move_on_at(until):
+                    async with trio.open_nursery() as n:  # a deletion, or the queue moved
+                        n.start_soon(first, freed.wait, n.cancel_scope)
+                        n.start_soon(first, self.queue.changed, n.cancel_scope)
                 if freed.is_set():
                     return True
         return False
