@@ -865,3 +865,59 @@ def test_a_file_kept_open_after_its_unlink_holds_a_full_journal_only_briefly(
     trio.run(main)
     os.close(lf.fd)
     os.close(other.fd)
+
+
+def test_a_staging_file_is_deleted_only_once_no_write_in_flight_holds_it(tmp_path,
+                                                                         monkeypatch):
+    """CI: the file that filled the journal was unlinked, and a create right after got
+    ENOSPC: its writes still waiting to land held duplicates of its descriptor, and an
+    unlinked file's space comes back only at its last close.  The deletion now waits
+    for them, so no descriptor of the file is open when it is deleted."""
+    import time as _time
+
+    from neuralcache.write import behind
+
+    real = behind._pwrite_own
+
+    def slow(fd, data, off, kick):
+        _time.sleep(0.3)
+        return real(fd, data, off, kick)
+
+    def fds_of(path):
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == path:
+                    found.append(int(fd))
+            except OSError:
+                pass
+        return found
+
+    monkeypatch.setattr(behind, "_pwrite_own", slow)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    path = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(path):              # the helper's own descriptor
+        os.close(fd)
+    _open_for_writing(layer, lf)
+    remove, held = layer.journal.remove_staging, []
+
+    def remove_staging(name):
+        held.extend(fds_of(path))
+        remove(name)
+
+    layer.journal.remove_staging = remove_staging
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            await layer.write(h, 0, b"y" * 100)       # answered; lands in 0.3 s
+            assert lf.inflight
+            lf.writers = 0
+            layer._forget_local(lf)                    # what an unlink does
+            await layer.staging_removed()
+            assert not os.path.exists(path) and not lf.inflight
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    assert held == []

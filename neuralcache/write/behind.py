@@ -27,6 +27,7 @@ What keeps it exact (the rules write/layer.py relies on):
 """
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 from typing import Awaitable, Callable
@@ -69,6 +70,8 @@ class WriteBehind:
         self.room: Callable[[LocalFile], Awaitable[bool]] | None = None
         self._seq = itertools.count()
         self._lot = trio.lowlevel.ParkingLot()
+        # staging name -> writes in flight holding a descriptor of it (``let_go``)
+        self._holding: collections.Counter[str] = collections.Counter()
         self.nursery: trio.Nursery | None = None   # set by WriteLayer.run
 
     async def admit(self, lf: LocalFile, off: int, end: int) -> None:
@@ -90,13 +93,17 @@ class WriteBehind:
         token = next(self._seq)
         lf.inflight[token] = (off, off + len(data))
         self.bytes += len(data)
+        staging = lf.staging      # the gate, held until it lands, keeps it the same
+        self._holding[staging] += 1
         if self.nursery is not None:
-            self.nursery.start_soon(self._land, lf, token, fd, off, data, kick, landed)
+            self.nursery.start_soon(self._land, lf, staging, token, fd, off, data, kick,
+                                    landed)
         else:
-            await self._land(lf, token, fd, off, data, kick, landed)
+            await self._land(lf, staging, token, fd, off, data, kick, landed)
 
-    async def _land(self, lf: LocalFile, token: int, fd: int, off: int, data: bytes,
-                    kick: bool, landed: Callable[[LocalFile, int], None]) -> None:
+    async def _land(self, lf: LocalFile, staging: str, token: int, fd: int, off: int,
+                    data: bytes, kick: bool, landed: Callable[[LocalFile, int], None]
+                    ) -> None:
         try:
             while True:
                 try:
@@ -125,6 +132,9 @@ class WriteBehind:
         finally:
             del lf.inflight[token]
             self.bytes -= len(data)
+            self._holding[staging] -= 1
+            if self._holding[staging] <= 0:
+                del self._holding[staging]
             lf.gate.release_shared()
             self._lot.unpark_all()
         landed(lf, off)       # no await since the release: nothing ran in between
@@ -136,6 +146,14 @@ class WriteBehind:
             mark = max(lf.inflight)
             while lf.inflight and min(lf.inflight) <= mark:
                 await self._lot.park()
+
+    async def let_go(self, staging: str) -> None:
+        """Until no write in flight holds a descriptor of ``staging``.  Deleting a
+        staging file frees its space only at its last close: CI's create right after
+        the unlink of the file that filled the journal got ENOSPC while that file's
+        writes still waited to land through their duplicates."""
+        while self._holding.get(staging):
+            await self._lot.park()
 
     @staticmethod
     def landed_upto(lf: LocalFile) -> int:

@@ -591,3 +591,4 @@ class WriteLayer(NameOps, Records, Barriers):
             os.close(lf.fd)
             lf.fd = None
         self._release_staging(lf.staging)
+        self.queue.notify()      # its writes waiting for journal room give up

@@ -72,6 +72,7 @@ class Records:
 
     async def _remove_staging(self, name: str, done: trio.Event) -> None:
         try:
+            await self.behind.let_go(name)
             await trio.to_thread.run_sync(self.journal.remove_staging, name)
         finally:
             self._removals.discard(done)
@@ -94,6 +95,8 @@ class Records:
         late = trio.current_time() + UNLINKED_RELEASE_WAIT_S
         with trio.move_on_after(JOURNAL_FULL_STALL_S):
             while True:
+                if lf.fd is None:                 # the file is gone: nothing to land
+                    return False
                 if self._removals or any(
                         op.kind == "put" and op.staging != lf.staging
                         and self._sealed(op.staging) for op in self.queue.ops.values()):
