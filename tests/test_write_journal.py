@@ -692,8 +692,8 @@ def test_an_unlink_returns_once_its_staging_file_is_deleted(tmp_path):
     trio.run(main)
 
 
-def _full_once(monkeypatch):
-    """The first landing of a write starting with b"x" finds the disk full."""
+def _full_once(monkeypatch, times=1):
+    """The first ``times`` landings of a write starting with b"x" find the disk full."""
     from neuralcache.errors import JournalFull
     from neuralcache.write import behind
 
@@ -701,7 +701,7 @@ def _full_once(monkeypatch):
 
     def pwrite_own(fd, data, off, kick):
         calls.append(bytes(data[:1]))
-        if data.startswith(b"x") and calls.count(b"x") == 1:
+        if data.startswith(b"x") and calls.count(b"x") <= times:
             os.close(fd)
             raise JournalFull("journal disk full")
         return real(fd, data, off, kick)
@@ -921,3 +921,33 @@ def test_a_staging_file_is_deleted_only_once_no_write_in_flight_holds_it(tmp_pat
 
     trio.run(main)
     assert held == []
+
+
+def test_a_write_retries_while_a_deleted_file_s_space_comes_back(tmp_path, monkeypatch):
+    """Seen on tmpfs (kernel 6.18): right after the upload's staging file is deleted the
+    disk still reports full for ~40 ms.  The write's first retry fails again; it tries
+    again (FREED_POLL_S) instead of failing the file with ENOSPC."""
+    calls = _full_once(monkeypatch, times=3)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    op = _another_upload(layer)
+
+    async def upload_ends():
+        await trio.sleep(0.2)
+        layer.queue.finish(op)
+        layer._release_staging(op.staging)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            n.start_soon(upload_ends)
+            await layer.write(h, 0, b"x" * 100)
+            await layer.behind.drained(lf)
+            assert lf.error is None and layer.behind.failures == 0
+            assert await layer.read(h, 0, 200) == b"x" * 100
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    assert calls == [b"x"] * 4
+    os.close(lf.fd)

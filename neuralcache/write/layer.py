@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import time
 
@@ -76,6 +77,7 @@ class WriteLayer(NameOps, Records, Barriers):
         self._cancelling: collections.Counter = collections.Counter()  # not yet durable
         self._removals: set[trio.Event] = set()   # staging files being deleted
         self._freed = trio.Event()       # set (and replaced) at each deletion
+        self._freed_at = -math.inf       # trio time the last deletion ended
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change

@@ -25,6 +25,12 @@ JOURNAL_FULL_STALL_S = 60.0
 # program keeps open frees nothing until it closes, so the write then fails after
 # this, not after JOURNAL_FULL_STALL_S.
 UNLINKED_RELEASE_WAIT_S = 2.0
+# A deleted staging file's space can come back a little after its unlink returned
+# (seen here on tmpfs, kernel 6.18: 40 ms, no descriptor of it open anywhere; the
+# disk-full tests' CI failures).  A write that still finds the disk full right after a
+# deletion tries again every FREED_POLL_S for FREED_LAG_S before it gives up.
+FREED_LAG_S = 1.0
+FREED_POLL_S = 0.02
 
 
 class Records:
@@ -75,6 +81,7 @@ class Records:
             await self.behind.let_go(name)
             await trio.to_thread.run_sync(self.journal.remove_staging, name)
         finally:
+            self._freed_at = trio.current_time()
             self._removals.discard(done)
             done.set()
             freed, self._freed = self._freed, trio.Event()
@@ -84,8 +91,9 @@ class Records:
         """A write to ``lf`` found the journal's disk full (write/behind.py): wait for
         the next staging file to be deleted while something can still free one (a
         deletion under way, an upload of another, sealed file: each deletes its
-        staging file when it ends; or, for UNLINKED_RELEASE_WAIT_S, another file
-        unlinked while open, whose RELEASE may still be on its way).  False, and the
+        staging file when it ends; for FREED_LAG_S after a deletion, whose space may
+        come back late; or, for UNLINKED_RELEASE_WAIT_S, another file unlinked while
+        open, whose RELEASE may still be on its way).  False, and the
         write fails with ENOSPC, when nothing can, or when none is deleted for
         JOURNAL_FULL_STALL_S (the remote down: the uploads retry forever)."""
         async def first(wait, scope: trio.CancelScope) -> None:
@@ -101,6 +109,9 @@ class Records:
                         op.kind == "put" and op.staging != lf.staging
                         and self._sealed(op.staging) for op in self.queue.ops.values()):
                     until = math.inf
+                elif trio.current_time() < self._freed_at + FREED_LAG_S:
+                    await trio.sleep(FREED_POLL_S)      # its space may still come back
+                    return True
                 elif trio.current_time() < late and any(
                         f.unlinked and f is not lf for f in self._current.values()):
                     until = late
