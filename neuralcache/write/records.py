@@ -93,9 +93,9 @@ class Records:
         deletion under way, an upload of another, sealed file: each deletes its
         staging file when it ends; for FREED_LAG_S after a deletion, whose space may
         come back late; or, for UNLINKED_RELEASE_WAIT_S, another file unlinked while
-        open, whose RELEASE may still be on its way).  False, and the
-        write fails with ENOSPC, when nothing can, or when none is deleted for
-        JOURNAL_FULL_STALL_S (the remote down: the uploads retry forever)."""
+        open, whose RELEASE may still be on its way).  False, and the write fails with
+        ENOSPC, when nothing can, when ``lf`` itself was dropped, or when none is
+        deleted for JOURNAL_FULL_STALL_S (the remote down: the uploads retry forever)."""
         async def first(wait, scope: trio.CancelScope) -> None:
             await wait()
             scope.cancel()
