@@ -951,3 +951,73 @@ def test_a_write_retries_while_a_deleted_file_s_space_comes_back(tmp_path, monke
     trio.run(main)
     assert calls == [b"x"] * 4
     os.close(lf.fd)
+
+
+def test_a_write_retries_after_a_deletion_while_another_upload_is_pending(tmp_path,
+                                                                        monkeypatch):
+    """Review: the retry after a deletion was skipped while any other upload was still
+    queued, so a write whose space came back a moment late waited for the next upload
+    (up to JOURNAL_FULL_STALL_S) instead of landing."""
+    from neuralcache.write import records
+
+    monkeypatch.setattr(records, "JOURNAL_FULL_STALL_S", 3.0)
+    _full_once(monkeypatch, times=2)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    op = _another_upload(layer)
+    _another_upload(layer)                 # a slow remote: never ends here
+
+    async def upload_ends():
+        await trio.sleep(0.2)
+        layer.queue.finish(op)
+        layer._release_staging(op.staging)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            n.start_soon(upload_ends)
+            t0 = trio.current_time()
+            await layer.write(h, 0, b"x" * 100)
+            await layer.behind.drained(lf)
+            assert lf.error is None and trio.current_time() - t0 < 1.5
+            assert layer.behind.full_waits == 1
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)
+    os.close(lf.fd)
+
+
+def test_a_file_unlinked_and_closed_while_its_write_waits_for_room(tmp_path, monkeypatch):
+    """Review: the file's last close (it was unlinked while open) came while its write
+    waited for journal room; the write then duplicated a closed descriptor (TypeError)
+    and took the daemon's write tasks down.  Now the write ends, the staging file goes,
+    and nothing is raised."""
+    _full_once(monkeypatch, times=1000)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    _open_for_writing(layer, lf)
+    op = _another_upload(layer)
+    path = layer.journal.staging_path(lf.staging)
+
+    async def upload_ends():
+        await trio.sleep(0.1)
+        layer.queue.finish(op)
+        layer._release_staging(op.staging)
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = layer._nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            n.start_soon(upload_ends)
+            await layer.write(h, 0, b"x" * 100)
+            lf.unlinked = True                 # what an unlink while open leaves
+            del layer.files[lf.inode]
+            await trio.sleep(0.3)              # the write retries (FREED_LAG_S)
+            t0 = trio.current_time()
+            await layer.release(h)
+            await layer.behind.drained(lf)
+            await layer.staging_removed()
+            assert trio.current_time() - t0 < 1 and not os.path.exists(path)
+            layer.behind.nursery = layer._nursery = None
+
+    trio.run(main)

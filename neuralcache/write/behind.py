@@ -104,6 +104,7 @@ class WriteBehind:
     async def _land(self, lf: LocalFile, staging: str, token: int, fd: int, off: int,
                     data: bytes, kick: bool, landed: Callable[[LocalFile, int], None]
                     ) -> None:
+        waited = False
         try:
             while True:
                 try:
@@ -112,10 +113,14 @@ class WriteBehind:
                     break
                 except JournalFull:
                     # the file's descriptor stays while this write holds the gate,
-                    # unless the file was unlinked (then there is no file to wait for)
-                    if self.room is None or lf.fd is None or not await self.room(lf):
+                    # unless the file was unlinked and closed (dropped: then there is
+                    # no file to wait for), which can happen during the wait too
+                    if self.room is None or lf.fd is None or not await self.room(lf) \
+                            or lf.fd is None:
                         raise
-                    self.full_waits += 1
+                    if not waited:                   # counted once per write
+                        self.full_waits += 1
+                        waited = True
                     try:
                         fd = os.dup(lf.fd)        # _pwrite_own closed the last one
                     except OSError as exc:

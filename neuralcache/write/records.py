@@ -105,13 +105,13 @@ class Records:
             while True:
                 if lf.fd is None:                 # the file is gone: nothing to land
                     return False
+                if trio.current_time() < self._freed_at + FREED_LAG_S:
+                    await trio.sleep(FREED_POLL_S)      # its space may still come back
+                    return lf.fd is not None
                 if self._removals or any(
                         op.kind == "put" and op.staging != lf.staging
                         and self._sealed(op.staging) for op in self.queue.ops.values()):
                     until = math.inf
-                elif trio.current_time() < self._freed_at + FREED_LAG_S:
-                    await trio.sleep(FREED_POLL_S)      # its space may still come back
-                    return True
                 elif trio.current_time() < late and any(
                         f.unlinked and f is not lf for f in self._current.values()):
                     until = late
@@ -123,7 +123,7 @@ class Records:
                         n.start_soon(first, freed.wait, n.cancel_scope)
                         n.start_soon(first, self.queue.changed, n.cancel_scope)
                 if freed.is_set():
-                    return True
+                    return lf.fd is not None
         return False
 
     async def staging_removed(self) -> None:
