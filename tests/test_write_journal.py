@@ -1021,3 +1021,26 @@ def test_a_file_unlinked_and_closed_while_its_write_waits_for_room(tmp_path, mon
             layer.behind.nursery = layer._nursery = None
 
     trio.run(main)
+
+
+def test_a_read_only_descriptor_reads_what_another_descriptor_wrote_since(tmp_path):
+    """fsmodel seed 979: a descriptor opened read-only, then another one writes (a copy
+    on write: a new staging file) and extends the file.  The first one reads the new
+    bytes, as on a local disk (it read its own, old staging file: 0 bytes past the old
+    end).  The descriptor it moved off stays open until the release."""
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    old = lf.staging
+
+    async def main():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        assert await layer.read(r, 0, 100) == b"local"
+        w = await layer.open(node, os.O_RDWR, 2)
+        await layer.write(w, 3, b"AL and more")
+        assert lf.staging != old                         # copied on write
+        assert await layer.read(r, 0, 100) == b"locAL and more"
+        assert await layer.read(r, 8, 4) == b"d mo"
+        assert len(r.spent) == 1
+        await layer.release(r)
+        assert r.spent == []
+
+    trio.run(main)

@@ -12,8 +12,8 @@ import trio
 
 from conftest import cli_env, mounted, needs_fuse, new_bucket, payload, run_cli
 from test_e2e import stats
-from test_write import (RefusingProxy, bucket, env, in_bucket, s3, seaweed,  # noqa: F401
-                        shared_bucket, split, sync)     # the write tests' server and fixtures
+from test_write import (RefusingProxy, bucket, env, in_bucket, put_tree, s3,  # noqa: F401
+                        seaweed, shared_bucket, split, sync)     # the write tests' server and fixtures
 
 MB = 1 << 20
 TIB = 1 << 40
@@ -33,6 +33,42 @@ def errno_of(fn, *args) -> int:
     except OSError as exc:
         return exc.errno
     return 0
+
+
+# -- fsmodel seed 979: a read-only descriptor and another one that writes ----------------
+@pytest.mark.e2e
+@needs_fuse
+def test_a_read_only_descriptor_reads_what_another_one_wrote_and_extended(
+        seaweed, s3, bucket, tmp_path, env):
+    """Opened read-only while the file was only on the remote, then another descriptor
+    writes and extends it: reads through the first one return the new bytes (they
+    returned the old object's: 0 bytes past its end).  Then the same for a descriptor
+    opened while the journal held the file (a copy on write since)."""
+    data = payload(2, 60_000)
+    put_tree(s3, bucket, {"m.bin": data})
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        p = mp / "m.bin"
+        r = os.open(p, os.O_RDONLY)
+        try:
+            assert os.pread(r, 100_000, 0) == data
+            with open(p, "r+b") as w:
+                w.seek(3)
+                w.write(b"XYZ")
+                w.truncate(9 * MB)
+                w.flush()
+                want = data[:3] + b"XYZ" + data[6:]
+                assert os.pread(r, 1990, 59_880) == want[59_880:] + bytes(1990 - 120)
+                assert os.pread(r, 6, 0) == want[:6]
+                assert os.pread(r, 10, 9 * MB - 4) == bytes(4)
+            with open(p, "r+b") as w:            # the journal's copy, copied on write
+                w.seek(1)
+                w.write(b"Q")
+            assert os.pread(r, 4, 0) == want[:1] + b"Q" + want[2:4]
+        finally:
+            os.close(r)
+        sync(mp, env)
+        got = in_bucket(s3, bucket)["m.bin"]
+        assert got[:4] == want[:1] + b"Q" + want[2:4] and len(got) == 9 * MB
 
 
 # -- fsx's first failure: close, reopen for writing, read ----------------------------

@@ -106,6 +106,9 @@ class FileHandle:
     pinned: Pinned
     readahead: ReadAhead | None
     pid: int
+    # a writable mount: the file was written here after this open; reads follow the
+    # journal's copy from then on (write/readers.py), as on a local disk
+    journal: object = None
 
 
 @dataclass(slots=True)
@@ -393,6 +396,12 @@ class Operations(pyfuse3.Operations):
         h = self._handles.get(fh)
         if self.writes is not None and self.writes.owns(h):
             return await self.writes.read(h, off, size)
+        if isinstance(h, FileHandle) and self.writes is not None and (
+                h.journal is not None or self.writes.holds(h.node.inode)):
+            if h.journal is None:
+                h.journal = await self.writes.open_reader(h.node)
+            if h.journal is not None:
+                return await self.writes.read(h.journal, off, size)
         if not isinstance(h, FileHandle):
             if h is not None and hasattr(h, "read"):
                 return h.read(off, size)
@@ -478,6 +487,8 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
             self._unread(h.node.inode)
+            if h.journal is not None:
+                await self.writes.release(h.journal)
         elif self.writes is not None and self.writes.owns(h):
             await self.writes.release(h)
         elif h is not None and hasattr(h, "finish"):

@@ -140,12 +140,14 @@ class WriteHandle:
 
 class ReadHandle:
     """A read-only open of a file with journal data: its own descriptor on the staging
-    file of the moment (a later copy on write does not change what it reads)."""
+    file it reads (readers.py moves it to the file's current one; ``spent`` keeps the
+    descriptors it left until the release)."""
 
-    __slots__ = ("lf", "staging", "fd")
+    __slots__ = ("lf", "staging", "fd", "spent")
 
     def __init__(self, lf: LocalFile, staging: str, fd: int):
         self.lf, self.staging, self.fd = lf, staging, fd
+        self.spent: list[int] = []
 
 
 class SyncHandle:

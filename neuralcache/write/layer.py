@@ -35,6 +35,7 @@ from .stream import START_PARTS
 from .barriers import Barriers
 from .behind import WriteBehind
 from .names import NameOps
+from .readers import Readers
 from .records import Records
 from .opqueue import OpQueue
 from .uploader import PART_SIZE, Uploader
@@ -53,7 +54,7 @@ FILL_AHEAD = 4
 STREAM_UPLOADS = True
 
 
-class WriteLayer(NameOps, Records, Barriers):
+class WriteLayer(NameOps, Records, Readers, Barriers):
     def __init__(self, ns: Namespace, store, backend, cache_subdir: str, *,
                  sync_close: bool = False):
         self.ns = ns
@@ -162,7 +163,7 @@ class WriteLayer(NameOps, Records, Barriers):
         lf = self.files.get(node.inode)
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
         if not writing:
-            return await self._open_staging(node)
+            return await self.open_reader(node)
         pinned = Pinned(self.remote_key(node), node.version, node.size)
         h = WriteHandle(node.inode, None, pinned, pid, bool(flags & os.O_APPEND))
         if flags & os.O_TRUNC:
@@ -174,24 +175,6 @@ class WriteLayer(NameOps, Records, Barriers):
         if flags & os.O_TRUNC:
             await self._truncate(lf, 0)
         return h
-
-    async def _open_staging(self, node: Node) -> ReadHandle | None:
-        """A read-only descriptor on the staging file that holds ``node``'s data now,
-        or None once the remote has it.  The upload can finish (and its staging file
-        go) or a copy on write replace the staging file while the open runs in its
-        thread: then look again rather than fail the open."""
-        while (lf := self.files.get(node.inode)) is not None:
-            staging = lf.staging
-            try:
-                fd = await trio.to_thread.run_sync(
-                    os.open, self.journal.staging_path(staging), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                if self.files.get(node.inode) is lf and lf.staging == staging:
-                    raise JournalError(f"{node.key}: staging file {staging} is missing") \
-                        from None
-                continue
-            return ReadHandle(lf, staging, fd)
-        return None
 
     def _attach(self, h: WriteHandle, lf: LocalFile) -> None:
         h.lf = lf
@@ -275,13 +258,7 @@ class WriteLayer(NameOps, Records, Barriers):
                 h.answer = await self._answer(bytes(h.command))
             return h.answer[off:off + size]
         if isinstance(h, ReadHandle):
-            lf = h.lf
-            if h.staging == lf.staging and self.files.get(lf.inode) is lf:
-                await self.behind.drained(lf)       # read-after-write (behind.py)
-                async with lf.gate.held_shared():   # not during a copy from the remote
-                    return await trio.to_thread.run_sync(pread, h.fd, size, off,
-                                                         limiter=self._disk)
-            return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
+            return await self._read_staging(h, off, size)
         assert isinstance(h, WriteHandle)
         lf = self._current_lf(h)
         if lf is None:
@@ -535,7 +512,7 @@ class WriteLayer(NameOps, Records, Barriers):
 
     async def release(self, h: object) -> None:
         if isinstance(h, ReadHandle):
-            os.close(h.fd)
+            self._close_reader(h)
             return
         if not isinstance(h, WriteHandle):
             return

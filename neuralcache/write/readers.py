@@ -1,0 +1,89 @@
+"""Read-only opens of files the journal holds (a mix-in of layer.WriteLayer).
+
+A read-only descriptor reads what the file holds now, as on a local disk: the bytes
+another descriptor wrote since, through a copy on write (a new staging file) or a new
+journal copy after an upload, are what it reads next (fsmodel seed 979: a descriptor
+opened before another one wrote and extended the file read 0 bytes where the file
+held 1,990).  A ``ReadHandle`` keeps its own descriptor on the staging file it reads:
+one the upload's end or an unlink deletes stays readable, and one it moves off stays
+open (``spent``) until the release, so a read still in a worker thread never sees its
+descriptor closed or reused.
+"""
+from __future__ import annotations
+
+import os
+
+import trio
+
+from ..errors import JournalError
+from ..namespace import Node
+from ..store.blocks import Pinned
+from .files import LocalFile, ReadHandle, pread
+
+
+class Readers:
+    def holds(self, inode: int) -> bool:
+        """The journal holds this file's data now (a read of the remote would be old)."""
+        return inode in self.files
+
+    async def open_reader(self, node: Node) -> ReadHandle | None:
+        """A read-only descriptor on the staging file that holds ``node``'s data now,
+        or None once the remote has it.  The upload can finish (and its staging file
+        go) or a copy on write replace the staging file while the open runs in its
+        thread: then look again rather than fail the open."""
+        while (lf := self.files.get(node.inode)) is not None:
+            fd = await self._open_current(lf)
+            if fd is not None:
+                return ReadHandle(lf, lf.staging, fd)
+        return None
+
+    async def _open_current(self, lf: LocalFile) -> int | None:
+        """A descriptor on ``lf``'s staging file of the moment, or None if ``lf``
+        moved on (a copy on write, its upload's end) while the open ran."""
+        staging = lf.staging
+        try:
+            fd = await trio.to_thread.run_sync(
+                os.open, self.journal.staging_path(staging), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if lf.staging == staging and (self.files.get(lf.inode) is lf or lf.unlinked):
+                raise JournalError(f"{lf.key}: staging file {staging} is missing") from None
+            return None
+        if lf.staging != staging:
+            os.close(fd)
+            return None
+        return fd
+
+    def _holder(self, h: ReadHandle) -> LocalFile | None:
+        """The LocalFile holding ``h``'s file now: the journal's copy, or the unlinked
+        file its writers still write; None once the remote has the file."""
+        lf = self.files.get(h.lf.inode)
+        if lf is None and h.lf.unlinked and h.lf.fd is not None:
+            lf = h.lf
+        return lf
+
+    async def _read_staging(self, h: ReadHandle, off: int, size: int) -> bytes:
+        while (lf := self._holder(h)) is not None:
+            if lf is not h.lf or lf.staging != h.staging:     # changed since: follow
+                fd = await self._open_current(lf)
+                if fd is not None:
+                    h.spent.append(h.fd)
+                    h.lf, h.staging, h.fd = lf, lf.staging, fd
+                continue
+            await self.behind.drained(lf)           # read-after-write (behind.py)
+            async with lf.gate.held_shared():       # not during a copy from the remote
+                if lf.staging == h.staging:
+                    return await trio.to_thread.run_sync(pread, h.fd, size, off,
+                                                         limiter=self._disk)
+        node = self.ns.get(h.lf.inode)
+        if h.staging != h.lf.staging and node is not None and not node.removed:
+            # changed and uploaded before this handle read again: the remote has it
+            pinned = Pinned(self.remote_key(node), node.version, node.size)
+            return await self.store.read(pinned, off, size)
+        # the remote has (or, unlinked, had) what the staging file it reads holds
+        return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
+
+    @staticmethod
+    def _close_reader(h: ReadHandle) -> None:
+        for fd in [h.fd, *h.spent]:
+            os.close(fd)
+        h.spent.clear()
