@@ -26,6 +26,9 @@ class Writes:
     def owns(self, h):
         return False
 
+    def holds(self, inode):
+        return False
+
 
 class MovingStore:
     """A store whose fetch of the old key is overtaken by the rename's copy + delete:
