@@ -141,13 +141,14 @@ class WriteHandle:
 class ReadHandle:
     """A read-only open of a file with journal data: its own descriptor on the staging
     file it reads (readers.py moves it to the file's current one; ``spent`` keeps the
-    descriptors it left until the release)."""
+    descriptors it left while ``reading``, its reads in flight, is not 0)."""
 
-    __slots__ = ("lf", "staging", "fd", "spent")
+    __slots__ = ("lf", "staging", "fd", "spent", "reading")
 
     def __init__(self, lf: LocalFile, staging: str, fd: int):
         self.lf, self.staging, self.fd = lf, staging, fd
         self.spent: list[int] = []
+        self.reading = 0
 
 
 class SyncHandle:

@@ -6,8 +6,8 @@ journal copy after an upload, are what it reads next (fsmodel seed 979: a descri
 opened before another one wrote and extended the file read 0 bytes where the file
 held 1,990).  A ``ReadHandle`` keeps its own descriptor on the staging file it reads:
 one the upload's end or an unlink deletes stays readable, and one it moves off stays
-open (``spent``) until the release, so a read still in a worker thread never sees its
-descriptor closed or reused.
+open (``spent``) until no read of the handle is in flight, so a read still in a worker
+thread never sees its descriptor closed or reused.
 """
 from __future__ import annotations
 
@@ -62,6 +62,15 @@ class Readers:
         return lf
 
     async def _read_staging(self, h: ReadHandle, off: int, size: int) -> bytes:
+        h.reading += 1
+        try:
+            return await self._read_current(h, off, size)
+        finally:
+            h.reading -= 1
+            if not h.reading:       # no read in a worker thread on a spent descriptor
+                self._close_spent(h)
+
+    async def _read_current(self, h: ReadHandle, off: int, size: int) -> bytes:
         while (lf := self._holder(h)) is not None:
             if lf is not h.lf or lf.staging != h.staging:     # changed since: follow
                 fd = await self._open_current(lf)
@@ -83,7 +92,14 @@ class Readers:
         return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
 
     @staticmethod
-    def _close_reader(h: ReadHandle) -> None:
-        for fd in [h.fd, *h.spent]:
+    def _close_spent(h: ReadHandle) -> None:
+        """Close the descriptors ``h`` moved off: each holds a staging file that may be
+        deleted, whose space comes back only then (a reader of a file saved again and
+        again would otherwise keep every version's space until it closes)."""
+        for fd in h.spent:
             os.close(fd)
         h.spent.clear()
+
+    def _close_reader(self, h: ReadHandle) -> None:
+        self._close_spent(h)
+        os.close(h.fd)
