@@ -975,7 +975,7 @@ def test_a_read_only_descriptor_reads_what_another_descriptor_wrote_since(tmp_pa
     """fsmodel seed 979: a descriptor opened read-only, then another one writes (a copy
     on write: a new staging file) and extends the file.  The first one reads the new
     bytes, as on a local disk (it read its own, old staging file: 0 bytes past the old
-    end).  The descriptor it moved off stays open until the release."""
+    end).  The descriptor it moved off is closed once no read of it is in flight."""
     layer, node, lf = _layer_with_local_file(tmp_path)
     old = layer.journal.staging_path(lf.staging)
     for fd in fds_of(old):               # the helper's own descriptor
@@ -990,6 +990,51 @@ def test_a_read_only_descriptor_reads_what_another_descriptor_wrote_since(tmp_pa
         assert await layer.read(r, 0, 100) == b"locAL and more"
         assert await layer.read(r, 8, 4) == b"d mo"
         assert r.spent == [] and fds_of(old) == []       # the old one is closed
+        await layer.release(r)
+
+    trio.run(main)
+
+
+class _RemoteAt:
+    """A store holding one version of the file (a read of another fails the test)."""
+
+    def __init__(self, version: str, data: bytes):
+        self.version, self.data = version, data
+
+    async def read(self, p, off, size):
+        assert p.version == self.version, f"read {p.version}, the remote has {self.version}"
+        return self.data[off:off + size]
+
+
+def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(
+        tmp_path):
+    """Review: a reader whose file was uploaded, then written and uploaded again by
+    another descriptor before it read again, read its first staging file (stale); one
+    that had moved onto a copy from the remote that then failed read the partly
+    filled staging file (empty).  Both read the remote's current version now, and a
+    reader of the staging file that is exactly what the remote has reads it locally."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.write.files import LocalFile
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+
+    async def main():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        assert await layer.read(r, 0, 100) == b"local"
+        info = ObjectInfo(node.key, 5, "v2", 0.0)            # uploaded
+        lf.uploaded = info
+        layer._uploaded(lf, info)
+        layer.store = _RemoteAt("v2", b"REMOTE")             # not read: same bytes
+        assert await layer.read(r, 0, 100) == b"local"
+        node.version = "v3"                                  # written, uploaded again
+        layer.store = _RemoteAt("v3", b"NEWal")
+        assert await layer.read(r, 0, 100) == b"NEWal"
+        name, fd = layer.journal.create_staging()            # a copy from the remote
+        lf2 = LocalFile(node.inode, node.key, name, fd, size=0)
+        layer.files[node.inode], layer._current[name] = lf2, lf2
+        await layer.read(r, 0, 100)                          # r moves onto it
+        layer._forget_local(lf2)                             # the copy failed
+        assert await layer.read(r, 0, 100) == b"NEWal"
         await layer.release(r)
 
     trio.run(main)

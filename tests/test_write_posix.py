@@ -43,7 +43,8 @@ def test_a_read_only_descriptor_reads_what_another_one_wrote_and_extended(
     """Opened read-only while the file was only on the remote, then another descriptor
     writes and extends it: reads through the first one return the new bytes (they
     returned the old object's: 0 bytes past its end).  Then the same for a descriptor
-    opened while the journal held the file (a copy on write since)."""
+    opened while the journal held the file (a copy on write since: it read its own,
+    old staging file)."""
     data = payload(2, 60_000)
     put_tree(s3, bucket, {"m.bin": data})
     with wmount(seaweed, bucket, tmp_path) as mp:
@@ -60,15 +61,26 @@ def test_a_read_only_descriptor_reads_what_another_one_wrote_and_extended(
                 assert os.pread(r, 1990, 59_880) == want[59_880:] + bytes(1990 - 120)
                 assert os.pread(r, 6, 0) == want[:6]
                 assert os.pread(r, 10, 9 * MB - 4) == bytes(4)
-            with open(p, "r+b") as w:            # the journal's copy, copied on write
+            with open(p, "r+b") as w:            # a read-only open of the journal's copy
                 w.seek(1)
                 w.write(b"Q")
-            assert os.pread(r, 4, 0) == want[:1] + b"Q" + want[2:4]
+                w.flush()
+                r2 = os.open(p, os.O_RDONLY)
+            try:
+                with open(p, "r+b") as w:        # copied on write (or from the remote)
+                    w.seek(2)
+                    w.write(b"R")
+                want = want[:1] + b"QR" + want[3:]
+                assert os.pread(r, 4, 0) == want[:4]
+                assert os.pread(r2, 4, 0) == want[:4]
+                assert os.pread(r2, 10, 9 * MB - 4) == bytes(4)
+            finally:
+                os.close(r2)
         finally:
             os.close(r)
         sync(mp, env)
         got = in_bucket(s3, bucket)["m.bin"]
-        assert got[:4] == want[:1] + b"Q" + want[2:4] and len(got) == 9 * MB
+        assert got[:4] == want[:4] and len(got) == 9 * MB
 
 
 # -- fsx's first failure: close, reopen for writing, read ----------------------------

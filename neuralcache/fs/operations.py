@@ -399,7 +399,11 @@ class Operations(pyfuse3.Operations):
         if isinstance(h, FileHandle) and self.writes is not None and (
                 h.journal is not None or self.writes.holds(h.node.inode)):
             if h.journal is None:
-                h.journal = await self.writes.open_reader(h.node)
+                rh = await self.writes.open_reader(h.node)
+                if h.journal is None:
+                    h.journal = rh
+                elif rh is not None:      # a read beside this one opened it meanwhile
+                    await self.writes.release(rh)
             if h.journal is not None:
                 return await self.writes.read(h.journal, off, size)
         if not isinstance(h, FileHandle):

@@ -80,16 +80,23 @@ class Readers:
                 continue
             await self.behind.drained(lf)           # read-after-write (behind.py)
             async with lf.gate.held_shared():       # not during a copy from the remote
-                if lf.staging == h.staging:
+                # still the file's data (a copy from the remote that failed while this
+                # waited dropped ``lf``: its staging file is partly filled)
+                if lf.staging == h.staging and self._holder(h) is lf:
                     return await trio.to_thread.run_sync(pread, h.fd, size, off,
                                                          limiter=self._disk)
         node = self.ns.get(h.lf.inode)
-        if h.staging != h.lf.staging and node is not None and not node.removed:
-            # changed and uploaded before this handle read again: the remote has it
-            pinned = Pinned(self.remote_key(node), node.version, node.size)
-            return await self.store.read(pinned, off, size)
-        # the remote has (or, unlinked, had) what the staging file it reads holds
-        return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
+        if node is None or node.removed:            # unlinked: what it held last
+            return await trio.to_thread.run_sync(pread, h.fd, size, off,
+                                                 limiter=self._disk)
+        up = h.lf.uploaded
+        if h.staging == h.lf.staging and up is not None and up.version == node.version:
+            # the remote has exactly this staging file's data
+            return await trio.to_thread.run_sync(pread, h.fd, size, off,
+                                                 limiter=self._disk)
+        # changed and uploaded again, discarded, or a failed copy: the remote has it
+        pinned = Pinned(self.remote_key(node), node.version, node.size)
+        return await self.store.read(pinned, off, size)
 
     @staticmethod
     def _close_spent(h: ReadHandle) -> None:
