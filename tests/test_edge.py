@@ -1,6 +1,7 @@
 """The FUSE edge (fs/operations.py) called directly, without a kernel: races that a
 mount hits only under load, driven here step by step."""
 import errno
+import os
 
 import pyfuse3
 import pytest
@@ -182,3 +183,30 @@ def test_two_reads_of_a_handle_open_the_journal_s_copy_once():
 
     trio.run(main)
     assert len(w.opened) == 2 and sorted(map(id, w.released)) == sorted(map(id, w.opened))
+
+
+def test_an_open_of_a_changed_file_drops_its_old_size_at_once(monkeypatch):
+    """CI under load (test_replaced_object_never_mixes_versions): a refresh found a new
+    version, its page drop still queued for a worker, and the open pinned the new
+    version while the kernel kept the old size from an earlier lookup: the read got the
+    new bytes only up to the old length.  The open invalidates the attributes at once
+    (on the request thread: no page lock), the pages still go in the worker."""
+    import threading
+
+    calls = []
+    monkeypatch.setattr(pyfuse3, "invalidate_inode", lambda inode, attr_only=False: calls.append(
+        (inode, attr_only, threading.current_thread() is threading.main_thread())))
+    ops = edge(MovingStore([]))
+    ops.writes = None                            # a read-only mount
+    node = ops.ns.put_file("w.bin", 5, "etag-2", 0.0)
+    ops._kernel_version[node.inode] = "etag-1"
+    ops._invalidate_inode(node.inode)            # the refresh: queued, not dropped yet
+
+    class Ctx:
+        pid, uid, gid = 1, 0, 0
+
+    async def main():
+        await ops.open(node.inode, os.O_RDONLY | os.O_DIRECT, Ctx())   # (no push)
+
+    trio.run(main)
+    assert calls == [(node.inode, True, True)]

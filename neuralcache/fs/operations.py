@@ -351,6 +351,13 @@ class Operations(pyfuse3.Operations):
         pinned = Pinned(key, node.version, node.size)
         kv = self._kernel_version.get(inode)
         keep = kv == node.version
+        if kv is None and self.pages.waiting(inode):   # changed, pages not dropped yet:
+            # the old size would cut this handle's new version short (CI under load);
+            # attributes only take no page lock, so this is safe on the request thread
+            try:
+                pyfuse3.invalidate_inode(inode, attr_only=True)
+            except OSError:
+                pass
         self._kernel_version[inode] = node.version
         busy = self._reading.get(inode, 0)
         self._reading[inode] = busy + 1

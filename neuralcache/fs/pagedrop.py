@@ -35,6 +35,7 @@ class PageDropper:
 
     def __init__(self) -> None:
         self._queued: dict[int, None] = {}      # an ordered set
+        self._batch: frozenset[int] = frozenset()  # being dropped in the worker now
         self._wake = trio.Event()
         # set when run() ends: an abandoned batch stops before its next inode (pyfuse3's
         # session is closed after the mount's nursery ends)
@@ -48,6 +49,11 @@ class PageDropper:
     def pending(self) -> int:
         return len(self._queued)
 
+    def waiting(self, inode: int) -> bool:
+        """``inode`` is queued or being dropped: the kernel may still hold its old
+        attributes (a drop invalidates them with the pages)."""
+        return inode in self._queued or inode in self._batch
+
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         try:
@@ -58,6 +64,7 @@ class PageDropper:
                     batch = list(itertools.islice(self._queued, DROP_BATCH))
                     for inode in batch:
                         del self._queued[inode]
+                    self._batch = frozenset(batch)
                     try:
                         # abandoned on cancel: a drop waiting on a page lock of a READ
                         # the stopped loop will never answer must not hold the unmount
@@ -67,6 +74,8 @@ class PageDropper:
                     except Exception:  # the next open drops them anyway (keep_cache off)
                         log.exception("dropping the kernel's pages of %d inodes failed",
                                       len(batch))
+                    finally:
+                        self._batch = frozenset()
         finally:
             self._stop.set()
 
