@@ -1038,3 +1038,50 @@ def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_cop
         await layer.release(r)
 
     trio.run(main)
+
+
+def test_a_remote_read_only_open_follows_what_this_mount_writes(tmp_path, monkeypatch):
+    """A read-only open of a remote file (fs/operations.py FileHandle) once this mount
+    wrote it: two first reads racing each other make one reader of the journal's copy
+    (review: the other leaked, its descriptor holding the staging file's space); once
+    uploaded, a handle that never read meanwhile is re-pinned to the upload (it read
+    the version it was opened on), but not to a version made elsewhere."""
+    from neuralcache.fs.operations import FileHandle
+    from neuralcache.store.blocks import Pinned
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    path = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(path):              # the helper's own descriptor
+        os.close(fd)
+    real = layer.open_reader
+
+    async def slow_open(node):
+        await trio.sleep(0.1)
+        return await real(node)
+
+    monkeypatch.setattr(layer, "open_reader", slow_open)
+    h = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
+
+    async def main():
+        got = []
+
+        async def read():
+            got.append(await layer.follow_remote(h, 0, 100))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(read)
+            n.start_soon(read)
+        assert got == [b"local", b"local"] and fds_of(path) == [h.journal.fd]
+        await layer.release(h.journal)
+        assert fds_of(path) == []
+
+        h2 = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
+        del layer.files[node.inode]                 # uploaded as v2 and forgotten
+        node.version = "v2"
+        layer.made[node.inode] = "v2"
+        assert await layer.follow_remote(h2, 0, 100) is None and h2.pinned.version == "v2"
+        h3 = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
+        node.version = "v3"                         # changed by another node
+        assert await layer.follow_remote(h3, 0, 100) is None and h3.pinned.version == "v1"
+
+    trio.run(main)

@@ -403,16 +403,10 @@ class Operations(pyfuse3.Operations):
         h = self._handles.get(fh)
         if self.writes is not None and self.writes.owns(h):
             return await self.writes.read(h, off, size)
-        if isinstance(h, FileHandle) and self.writes is not None and (
-                h.journal is not None or self.writes.holds(h.node.inode)):
-            if h.journal is None:
-                rh = await self.writes.open_reader(h.node)
-                if h.journal is None:
-                    h.journal = rh
-                elif rh is not None:      # a read beside this one opened it meanwhile
-                    await self.writes.release(rh)
-            if h.journal is not None:
-                return await self.writes.read(h.journal, off, size)
+        if isinstance(h, FileHandle) and self.writes is not None:
+            data = await self.writes.follow_remote(h, off, size)   # written here since
+            if data is not None:
+                return data
         if not isinstance(h, FileHandle):
             if h is not None and hasattr(h, "read"):
                 return h.read(off, size)

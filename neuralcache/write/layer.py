@@ -80,6 +80,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         self._freed = trio.Event()       # set (and replaced) at each deletion
         self._freed_at = -math.inf       # trio time the last deletion ended
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
+        self.made: dict[int, str] = {}    # inode -> the version this mount uploaded last
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change
         self._recent: collections.deque = collections.deque()   # (monotonic, finished Op)
@@ -557,6 +558,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         if node is not None and not node.removed:
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime
+            self.made[node.inode] = info.version
             node.checked = time.monotonic()
 
     def _forget_local(self, lf: LocalFile) -> None:

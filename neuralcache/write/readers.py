@@ -53,6 +53,27 @@ class Readers:
             return None
         return fd
 
+    async def follow_remote(self, h, off: int, size: int) -> bytes | None:
+        """A read-only open of a remote file (fs/operations.py FileHandle) once this
+        mount wrote the file: the journal's copy while the journal holds it (a reader
+        of it made once, ``h.journal``), else, if this mount uploaded the version the
+        file has now, re-pinned to it.  None: read the remote as pinned (a change made
+        elsewhere keeps the pinned version: old bytes or ESTALE)."""
+        inode = h.node.inode
+        if h.journal is None and self.holds(inode):
+            rh = await self.open_reader(h.node)
+            if h.journal is None:
+                h.journal = rh
+            elif rh is not None:          # a read beside this one made one meanwhile
+                self._close_reader(rh)
+        if h.journal is not None:
+            return await self._read_staging(h.journal, off, size)
+        node = self.ns.get(inode)
+        if node is not None and h.pinned.version != node.version \
+                and self.made.get(inode) == node.version:
+            h.pinned = Pinned(self.remote_key(node), node.version, node.size)
+        return None
+
     def _holder(self, h: ReadHandle) -> LocalFile | None:
         """The LocalFile holding ``h``'s file now: the journal's copy, or the unlinked
         file its writers still write; None once the remote has the file."""
