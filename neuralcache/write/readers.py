@@ -104,20 +104,19 @@ class Readers:
                 # still the file's data (a copy from the remote that failed while this
                 # waited dropped ``lf``: its staging file is partly filled)
                 if lf.staging == h.staging and self._holder(h) is lf:
-                    return await trio.to_thread.run_sync(pread, h.fd, size, off,
-                                                         limiter=self._disk)
+                    return await self._pread(h, off, size)
         node = self.ns.get(h.lf.inode)
-        if node is None or node.removed:            # unlinked: what it held last
-            return await trio.to_thread.run_sync(pread, h.fd, size, off,
-                                                 limiter=self._disk)
         up = h.lf.uploaded
-        if h.staging == h.lf.staging and up is not None and up.version == node.version:
-            # the remote has exactly this staging file's data
-            return await trio.to_thread.run_sync(pread, h.fd, size, off,
-                                                 limiter=self._disk)
+        if node is None or node.removed or (      # unlinked: what it held last, or
+                h.staging == h.lf.staging and up is not None
+                and up.version == node.version):  # exactly what the remote has
+            return await self._pread(h, off, size)
         # changed and uploaded again, discarded, or a failed copy: the remote has it
         pinned = Pinned(self.remote_key(node), node.version, node.size)
         return await self.store.read(pinned, off, size)
+
+    async def _pread(self, h: ReadHandle, off: int, size: int) -> bytes:
+        return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
 
     @staticmethod
     def _close_spent(h: ReadHandle) -> None:
