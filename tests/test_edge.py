@@ -22,7 +22,10 @@ DATA = b"pickled metadata"
 
 class Writes:
     """What Operations asks of a --writable mount's write layer on this path."""
-    repin = invalidate_entry = None
+    repin = invalidate_entry = remote_readers = None
+
+    def __init__(self):
+        self.made = {}
 
     def owns(self, h):
         return False

@@ -1006,6 +1006,38 @@ class _RemoteAt:
         return self.data[off:off + size]
 
 
+def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_them(
+        tmp_path):
+    """Review: ``WriteLayer.made`` grew by one entry per file uploaded over the
+    mount's life.  Now an upload records its version only while a read-only open of
+    the remote file is (the one ``follow_remote`` re-pins), and the FUSE edge drops
+    the entry when that inode's last such open is released."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.fs.operations import Operations
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    open_remote: dict[int, int] = {}
+    layer.remote_readers = lambda inode: open_remote.get(inode, 0)
+    info = ObjectInfo(node.key, 5, "v2", 0.0)
+    lf.uploaded = info
+    layer._uploaded(lf, info)                    # nobody reads it from the remote
+    assert layer.made == {} and node.version == "v2"
+
+    open_remote[node.inode] = 1                  # a read-only open pinned to v2
+    layer.files[node.inode] = lf
+    info3 = ObjectInfo(node.key, 5, "v3", 0.0)
+    lf.uploaded = info3
+    layer._uploaded(lf, info3)
+    assert layer.made == {node.inode: "v3"}
+
+    edge = Operations.__new__(Operations)        # only what _unread touches
+    edge._reading, edge.writes = {node.inode: 2}, layer
+    edge._unread(node.inode)                     # one of two opens released
+    assert layer.made == {node.inode: "v3"}
+    edge._unread(node.inode)                     # the last
+    assert layer.made == {} and edge._reading == {}
+
+
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(
         tmp_path):
     """Review: a reader whose file was uploaded, then written and uploaded again by

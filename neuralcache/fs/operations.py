@@ -156,6 +156,7 @@ class Operations(pyfuse3.Operations):
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
         if writes is not None:
             writes.repin = self._repin
+            writes.remote_readers = lambda inode: self._reading.get(inode, 0)
             writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
                 parent, os.fsencode(name), ignore_enoent=True)
 
@@ -486,6 +487,8 @@ class Operations(pyfuse3.Operations):
         n = self._reading.pop(ino, 1) - 1
         if n:
             self._reading[ino] = n
+        elif self.writes is not None:
+            self.writes.made.pop(ino, None)   # only a remote open re-pins to it
 
     @_edge
     async def release(self, fh):
