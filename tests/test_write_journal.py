@@ -1038,13 +1038,48 @@ def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_th
     assert layer.made == {} and edge._reading == {}
 
 
+def test_a_reader_gives_its_staging_file_up_once_the_remote_has_the_file(tmp_path):
+    """A read-only descriptor kept its own descriptor on the staging file after the
+    upload deleted it, so a reader left open held a saved file's journal space until
+    it closed (a full journal's writes wait for that space).  Now the upload's end
+    closes it (or, with a read in flight, once that read ends) and the reader reads
+    the remote's copy."""
+    from neuralcache.backends.base import ObjectInfo
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    path = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(path):              # the helper's own descriptor
+        os.close(fd)
+    lf.fd = None
+
+    async def main():
+        r1 = await layer.open(node, os.O_RDONLY, 1)
+        r2 = await layer.open(node, os.O_RDONLY, 1)
+        assert await layer.read(r1, 0, 100) == b"local"
+        assert len(fds_of(path)) == 2
+        info = ObjectInfo(node.key, 5, "v2", 0.0)
+        lf.uploaded = info
+        r2.reading += 1                  # a read of r2 still in its worker thread
+        layer._uploaded(lf, info)
+        assert fds_of(path) == [r2.spent[0]]     # r1's is closed, r2's waits
+        r2.reading -= 1
+        layer.store = _RemoteAt("v2", b"REMOT")
+        assert await layer.read(r2, 0, 100) == b"REMOT"
+        assert fds_of(path) == [] and await layer.read(r1, 1, 3) == b"EMO"
+        await layer.release(r1)
+        await layer.release(r2)
+        assert layer.readers == set()
+
+    trio.run(main)
+
+
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(
         tmp_path):
     """Review: a reader whose file was uploaded, then written and uploaded again by
     another descriptor before it read again, read its first staging file (stale); one
     that had moved onto a copy from the remote that then failed read the partly
-    filled staging file (empty).  Both read the remote's current version now, and a
-    reader of the staging file that is exactly what the remote has reads it locally."""
+    filled staging file (empty).  Both read the remote's current version now; once
+    its file is uploaded a reader reads the remote's copy of it too."""
     from neuralcache.backends.base import ObjectInfo
     from neuralcache.write.files import LocalFile
 
@@ -1056,7 +1091,7 @@ def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_cop
         info = ObjectInfo(node.key, 5, "v2", 0.0)            # uploaded
         lf.uploaded = info
         layer._uploaded(lf, info)
-        layer.store = _RemoteAt("v2", b"REMOTE")             # not read: same bytes
+        layer.store = _RemoteAt("v2", b"local")              # the upload's copy
         assert await layer.read(r, 0, 100) == b"local"
         node.version = "v3"                                  # written, uploaded again
         layer.store = _RemoteAt("v3", b"NEWal")

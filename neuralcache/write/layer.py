@@ -93,6 +93,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         self.repin = None
         self.invalidate_entry = None
         self.remote_readers = lambda inode: 0   # inode -> read-only remote opens of it
+        self.readers: set[ReadHandle] = set()   # open read-only journal handles (readers.py)
         self.skip_drain = False    # `neuralcache umount --force`
         self.written_bytes = 0
         self.journal_errors = 0
@@ -559,6 +560,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
             lf.uploaded = None
             return
         self._forget_local(lf)
+        self._let_readers_go(lf)
         if node is not None and not node.removed:
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime

@@ -5,9 +5,10 @@ another descriptor wrote since, through a copy on write (a new staging file) or 
 journal copy after an upload, are what it reads next (fsmodel seed 979: a descriptor
 opened before another one wrote and extended the file read 0 bytes where the file
 held 1,990).  A ``ReadHandle`` keeps its own descriptor on the staging file it reads:
-one the upload's end or an unlink deletes stays readable, and one it moves off stays
-open (``spent``) until no read of the handle is in flight, so a read still in a worker
-thread never sees its descriptor closed or reused.
+one an unlink deletes stays readable, one it moves off stays open (``spent``) until no
+read of the handle is in flight, so a read still in a worker thread never sees its
+descriptor closed or reused, and one whose file the upload's end put on the remote is
+given up then (the handle reads the remote's copy: ``_let_readers_go``).
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ class Readers:
         while (lf := self.files.get(node.inode)) is not None:
             fd = await self._open_current(lf)
             if fd is not None:
-                return ReadHandle(lf, lf.staging, fd)
+                h = ReadHandle(lf, lf.staging, fd)
+                self.readers.add(h)
+                return h
         return None
 
     async def _open_current(self, lf: LocalFile) -> int | None:
@@ -96,7 +99,8 @@ class Readers:
             if lf is not h.lf or lf.staging != h.staging:     # changed since: follow
                 fd = await self._open_current(lf)
                 if fd is not None:
-                    h.spent.append(h.fd)
+                    if h.fd is not None:
+                        h.spent.append(h.fd)
                     h.lf, h.staging, h.fd = lf, lf.staging, fd
                 continue
             await self.behind.drained(lf)           # read-after-write (behind.py)
@@ -107,9 +111,9 @@ class Readers:
                     return await self._pread(h, off, size)
         node = self.ns.get(h.lf.inode)
         up = h.lf.uploaded
-        if node is None or node.removed or (      # unlinked: what it held last, or
-                h.staging == h.lf.staging and up is not None
-                and up.version == node.version):  # exactly what the remote has
+        if h.fd is not None and (node is None or node.removed or (  # unlinked: what it
+                h.staging == h.lf.staging and up is not None       # held last, or exactly
+                and up.version == node.version)):                   # what the remote has
             return await self._pread(h, off, size)
         # changed and uploaded again, discarded, or a failed copy: the remote has it
         pinned = Pinned(self.remote_key(node), node.version, node.size)
@@ -127,6 +131,19 @@ class Readers:
             os.close(fd)
         h.spent.clear()
 
+    def _let_readers_go(self, lf: LocalFile) -> None:
+        """The remote has exactly ``lf``'s data now (``_uploaded``): its readers read it
+        there from now on, and the staging file's space comes back now, not when they
+        close (a reader left open held a saved checkpoint's space in a full journal)."""
+        for h in self.readers:
+            if h.lf is lf and h.staging == lf.staging and h.fd is not None:
+                h.spent.append(h.fd)
+                h.fd = None
+                if not h.reading:
+                    self._close_spent(h)
+
     def _close_reader(self, h: ReadHandle) -> None:
+        self.readers.discard(h)
         self._close_spent(h)
-        os.close(h.fd)
+        if h.fd is not None:
+            os.close(h.fd)
