@@ -1014,10 +1014,15 @@ def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_th
     the entry when that inode's last such open is released."""
     from neuralcache.backends.base import ObjectInfo
     from neuralcache.fs.operations import Operations
+    from neuralcache.fs.trace import TraceRing
+    from neuralcache.meta.lister import Lister
+    from neuralcache.stats import Stats
 
     layer, node, lf = _layer_with_local_file(tmp_path)
-    open_remote: dict[int, int] = {}
-    layer.remote_readers = lambda inode: open_remote.get(inode, 0)
+    edge = Operations(layer.ns, Lister(layer.ns, None, ttl=60), None, None, Stats(),
+                      metadata_ttl=60, readahead_bytes=0, trace=TraceRing(0),
+                      controls=None, writes=layer)      # wires remote_readers
+    open_remote = edge._reading
     info = ObjectInfo(node.key, 5, "v2", 0.0)
     lf.uploaded = info
     layer._uploaded(lf, info)                    # nobody reads it from the remote
@@ -1030,47 +1035,95 @@ def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_th
     layer._uploaded(lf, info3)
     assert layer.made == {node.inode: "v3"}
 
-    edge = Operations.__new__(Operations)        # only what _unread touches
-    edge._reading, edge.writes = {node.inode: 2}, layer
+    open_remote[node.inode] = 2
     edge._unread(node.inode)                     # one of two opens released
     assert layer.made == {node.inode: "v3"}
     edge._unread(node.inode)                     # the last
     assert layer.made == {} and edge._reading == {}
 
 
-def test_a_reader_gives_its_staging_file_up_once_the_remote_has_the_file(tmp_path):
-    """A read-only descriptor kept its own descriptor on the staging file after the
-    upload deleted it, so a reader left open held a saved file's journal space until
-    it closed (a full journal's writes wait for that space).  Now the upload's end
-    closes it (or, with a read in flight, once that read ends) and the reader reads
-    the remote's copy."""
+def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_path):
+    """A read-only descriptor keeps its own descriptor on the staging file it read,
+    after the upload deleted it (so a file unlinked after its upload stays readable),
+    and a reader left open held that space until it closed, while a full journal's
+    writes waited for it (review).  Now a write that finds the disk full first makes
+    readers give up the deleted files nothing needs them to hold: one whose file the
+    remote has (it reads the remote's copy next), one a copy on write left behind (it
+    reads the current copy next), and, with a read in flight, once that read ends.
+    The last copy of a file unlinked while open keeps its space, as on a local disk."""
     from neuralcache.backends.base import ObjectInfo
+    from neuralcache.write.files import LocalFile
 
-    layer, node, lf = _layer_with_local_file(tmp_path)
+    layer, node, lf = _layer_with_local_file(tmp_path / "a")
     path = layer.journal.staging_path(lf.staging)
     for fd in fds_of(path):              # the helper's own descriptor
         os.close(fd)
     lf.fd = None
+    name, wfd = layer.journal.create_staging()       # a file being written meanwhile
+    other = LocalFile(node.inode + 1, "other.pt", name, wfd, size=0)
 
     async def main():
         r1 = await layer.open(node, os.O_RDONLY, 1)
         r2 = await layer.open(node, os.O_RDONLY, 1)
         assert await layer.read(r1, 0, 100) == b"local"
-        assert len(fds_of(path)) == 2
         info = ObjectInfo(node.key, 5, "v2", 0.0)
         lf.uploaded = info
-        r2.reading += 1                  # a read of r2 still in its worker thread
         layer._uploaded(lf, info)
-        assert fds_of(path) == [r2.spent[0]]     # r1's is closed, r2's waits
-        r2.reading -= 1
         layer.store = _RemoteAt("v2", b"REMOT")
-        assert await layer.read(r2, 0, 100) == b"REMOT"
-        assert fds_of(path) == [] and await layer.read(r1, 1, 3) == b"EMO"
+        assert await layer.read(r1, 0, 100) == b"local"   # kept while there is room
+        assert len(fds_of(path)) == 2
+        r2.reading += 1                  # a read of r2 still in its worker thread
+        assert await layer._journal_room(other)           # retried at once
+        assert fds_of(path) == [r2.spent[0]]              # r1's closed, r2's waits
+        r2.reading -= 1
+        assert await layer.read(r2, 0, 100) == b"REMOT" and fds_of(path) == []
+        assert await layer.read(r1, 1, 3) == b"EMO"
         await layer.release(r1)
         await layer.release(r2)
         assert layer.readers == set()
 
     trio.run(main)
+
+    layer, node, lf = _layer_with_local_file(tmp_path / "b")   # unlinked after upload
+    path = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(path):
+        os.close(fd)
+    lf.fd = None
+
+    async def unlinked():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        info = ObjectInfo(node.key, 5, "v2", 0.0)
+        lf.uploaded = info
+        layer._uploaded(lf, info)
+        layer.ns.rows.add_lookups(node.inode, 1)      # the kernel still holds it
+        layer.ns.remove(node)
+        layer.store = _RemoteAt("gone", b"")
+        assert not layer._let_readers_go() and len(fds_of(path)) == 1
+        assert await layer.read(r, 0, 100) == b"local"
+        await layer.release(r)
+
+    trio.run(unlinked)
+
+    layer, node, lf = _layer_with_local_file(tmp_path / "c")   # a copy on write since
+    s1 = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(s1):
+        os.close(fd)
+    lf.fd = None
+
+    async def copied():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        name, fd = layer.journal.create_staging()
+        os.write(fd, b"newer")
+        os.close(fd)
+        lf.staging = name
+        layer._current[name] = lf
+        os.unlink(s1)                                 # the old copy, released
+        assert len(fds_of(s1)) == 1
+        assert layer._let_readers_go() and fds_of(s1) == []
+        assert await layer.read(r, 0, 100) == b"newer"
+        await layer.release(r)
+
+    trio.run(copied)
 
 
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(
@@ -1078,8 +1131,8 @@ def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_cop
     """Review: a reader whose file was uploaded, then written and uploaded again by
     another descriptor before it read again, read its first staging file (stale); one
     that had moved onto a copy from the remote that then failed read the partly
-    filled staging file (empty).  Both read the remote's current version now; once
-    its file is uploaded a reader reads the remote's copy of it too."""
+    filled staging file (empty).  Both read the remote's current version now, and a
+    reader of the staging file that is exactly what the remote has reads it locally."""
     from neuralcache.backends.base import ObjectInfo
     from neuralcache.write.files import LocalFile
 
@@ -1091,7 +1144,7 @@ def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_cop
         info = ObjectInfo(node.key, 5, "v2", 0.0)            # uploaded
         lf.uploaded = info
         layer._uploaded(lf, info)
-        layer.store = _RemoteAt("v2", b"local")              # the upload's copy
+        layer.store = _RemoteAt("v2", b"REMOTE")             # not read: same bytes
         assert await layer.read(r, 0, 100) == b"local"
         node.version = "v3"                                  # written, uploaded again
         layer.store = _RemoteAt("v3", b"NEWal")

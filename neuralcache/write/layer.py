@@ -560,7 +560,6 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
             lf.uploaded = None
             return
         self._forget_local(lf)
-        self._let_readers_go(lf)
         if node is not None and not node.removed:
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime

@@ -5,10 +5,10 @@ another descriptor wrote since, through a copy on write (a new staging file) or 
 journal copy after an upload, are what it reads next (fsmodel seed 979: a descriptor
 opened before another one wrote and extended the file read 0 bytes where the file
 held 1,990).  A ``ReadHandle`` keeps its own descriptor on the staging file it reads:
-one an unlink deletes stays readable, one it moves off stays open (``spent``) until no
-read of the handle is in flight, so a read still in a worker thread never sees its
-descriptor closed or reused, and one whose file the upload's end put on the remote is
-given up then (the handle reads the remote's copy: ``_let_readers_go``).
+one the upload's end or an unlink deletes stays readable, and one it moves off stays
+open (``spent``) until no read of the handle is in flight, so a read still in a worker
+thread never sees its descriptor closed or reused.  When the journal's disk is full,
+readers give up the deleted files nothing needs them to hold (``_let_readers_go``).
 """
 from __future__ import annotations
 
@@ -131,16 +131,32 @@ class Readers:
             os.close(fd)
         h.spent.clear()
 
-    def _let_readers_go(self, lf: LocalFile) -> None:
-        """The remote has exactly ``lf``'s data now (``_uploaded``): its readers read it
-        there from now on, and the staging file's space comes back now, not when they
-        close (a reader left open held a saved checkpoint's space in a full journal)."""
+    def _let_readers_go(self) -> bool:
+        """The journal's disk is full (records.py ``_journal_room``): readers give up
+        the deleted staging files nothing needs them to hold, so that space comes back:
+        one a copy on write replaced (the next read opens the current one) and one of
+        a file the journal dropped, uploaded or discarded (the next read reads the
+        remote's copy).  Not the last copy of a file unlinked while open: as on a local
+        disk, that one keeps its space until closed.  Until then a reader keeps its
+        descriptor, so a file unlinked after its upload stays readable.  True if any
+        descriptor was given up (closed now, or once the reads in flight end)."""
+        let = False
         for h in self.readers:
-            if h.lf is lf and h.staging == lf.staging and h.fd is not None:
-                h.spent.append(h.fd)
-                h.fd = None
-                if not h.reading:
-                    self._close_spent(h)
+            if h.fd is None:
+                continue
+            lf = self._holder(h)
+            if lf is h.lf and lf.staging == h.staging:
+                continue                          # the file's current data
+            if lf is None:
+                node = self.ns.get(h.lf.inode)
+                if node is None or node.removed:
+                    continue                      # unlinked: its only copy
+            h.spent.append(h.fd)
+            h.fd = None
+            let = True
+            if not h.reading:
+                self._close_spent(h)
+        return let
 
     def _close_reader(self, h: ReadHandle) -> None:
         self.readers.discard(h)

@@ -93,13 +93,17 @@ class Records:
         deletion under way, an upload of another, sealed file: each deletes its
         staging file when it ends; for FREED_LAG_S after a deletion, whose space may
         come back late; or, for UNLINKED_RELEASE_WAIT_S, another file unlinked while
-        open, whose RELEASE may still be on its way).  False, and the write fails with
-        ENOSPC, when nothing can, when ``lf`` itself was dropped, or when none is
-        deleted for JOURNAL_FULL_STALL_S (the remote down: the uploads retry forever)."""
+        open, whose RELEASE may still be on its way; first, readers give up the
+        deleted staging files they hold: readers.py ``_let_readers_go``).  False, and
+        the write fails with ENOSPC, when nothing can, when ``lf`` itself was dropped,
+        or when none is deleted for JOURNAL_FULL_STALL_S (the remote down: the uploads
+        retry forever)."""
         async def first(wait, scope: trio.CancelScope) -> None:
             await wait()
             scope.cancel()
 
+        if self._let_readers_go():        # readers held deleted staging files
+            self._freed_at = trio.current_time()
         late = trio.current_time() + UNLINKED_RELEASE_WAIT_S
         with trio.move_on_after(JOURNAL_FULL_STALL_S):
             while True:
