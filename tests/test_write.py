@@ -524,7 +524,9 @@ def test_a_save_into_a_full_journal_waits_for_the_last_upload(seaweed, s3, bucke
                                                               tmp_path, env):
     """Checkpoints saved back to back on a small journal disk: the second fills the disk
     while the first still uploads (a 48 Mbit/s link).  Its writes wait for that upload
-    to free its staging file instead of failing with ENOSPC, and both arrive whole."""
+    to free its staging file instead of failing with ENOSPC, and both arrive whole.  A
+    reader of the first left open does not hold its space: the full journal makes it
+    give up the deleted staging file, and it reads the uploaded copy after."""
     from bench.wan import WanProxy
 
     first, second = payload(12, 36 * MB), payload(13, 36 * MB)
@@ -534,8 +536,11 @@ def test_a_save_into_a_full_journal_waits_for_the_last_upload(seaweed, s3, bucke
                     args=["--endpoint-url", proxy.endpoint, "--writable",
                           "--cache-size", "8M", "--block-size", "1M"]) as mp:
         (mp / "step-1.pt").write_bytes(first)            # uploads for ~6 s
-        (mp / "step-2.pt").write_bytes(second)           # no room until it ends
-        assert stats(mp)["journal_full_waits"] >= 1
+        with open(mp / "step-1.pt", "rb", buffering=0) as reader:   # left open
+            head = reader.read(MB)
+            (mp / "step-2.pt").write_bytes(second)       # no room until it ends
+            assert stats(mp)["journal_full_waits"] >= 1
+            assert digest(head + reader.read()) == digest(first)
         sync(mp, env)
         got = in_bucket(s3, bucket)
         assert digests(got) == digests({"step-1.pt": first, "step-2.pt": second})
