@@ -1042,6 +1042,17 @@ def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_th
     assert layer.made == {} and edge._reading == {}
 
 
+def _closed_journal_file(tmp_path):
+    """A journal file no writer holds open (closed, waiting for its upload) and the
+    path of its staging file."""
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    path = layer.journal.staging_path(lf.staging)
+    for fd in fds_of(path):              # the helper's own descriptor
+        os.close(fd)
+    lf.fd = None
+    return layer, node, lf, path
+
+
 def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_path):
     """A read-only descriptor keeps its own descriptor on the staging file it read,
     after the upload deleted it (so a file unlinked after its upload stays readable),
@@ -1054,11 +1065,7 @@ def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_pa
     from neuralcache.backends.base import ObjectInfo
     from neuralcache.write.files import LocalFile
 
-    layer, node, lf = _layer_with_local_file(tmp_path / "a")
-    path = layer.journal.staging_path(lf.staging)
-    for fd in fds_of(path):              # the helper's own descriptor
-        os.close(fd)
-    lf.fd = None
+    layer, node, lf, path = _closed_journal_file(tmp_path / "a")
     name, wfd = layer.journal.create_staging()       # a file being written meanwhile
     other = LocalFile(node.inode + 1, "other.pt", name, wfd, size=0)
 
@@ -1084,11 +1091,7 @@ def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_pa
 
     trio.run(main)
 
-    layer, node, lf = _layer_with_local_file(tmp_path / "b")   # unlinked after upload
-    path = layer.journal.staging_path(lf.staging)
-    for fd in fds_of(path):
-        os.close(fd)
-    lf.fd = None
+    layer, node, lf, path = _closed_journal_file(tmp_path / "b")   # unlinked after upload
 
     async def unlinked():
         r = await layer.open(node, os.O_RDONLY, 1)
@@ -1104,11 +1107,7 @@ def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_pa
 
     trio.run(unlinked)
 
-    layer, node, lf = _layer_with_local_file(tmp_path / "c")   # a copy on write since
-    s1 = layer.journal.staging_path(lf.staging)
-    for fd in fds_of(s1):
-        os.close(fd)
-    lf.fd = None
+    layer, node, lf, s1 = _closed_journal_file(tmp_path / "c")   # a copy on write since
 
     async def copied():
         r = await layer.open(node, os.O_RDONLY, 1)
