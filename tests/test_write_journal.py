@@ -14,7 +14,7 @@ from neuralcache.backends.base import ObjectInfo
 from neuralcache.errors import JournalFull, NotFound, PermissionDenied, Unavailable
 from neuralcache.write import opqueue, uploader as upmod
 from neuralcache.write.journal import Committer, Journal
-from neuralcache.write.opqueue import OpQueue
+from neuralcache.write.opqueue import Op, OpQueue
 from neuralcache.write.uploader import Uploader, part_size_for, requests_for
 
 MB = 1 << 20
@@ -1123,6 +1123,49 @@ def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_pa
         await layer.release(r)
 
     trio.run(copied)
+
+
+def test_a_reader_that_gave_its_copy_up_follows_a_rename_and_an_unlink(tmp_path):
+    """Review: a reader that gave its staging file up under a full journal reads the
+    remote's copy; a rename of the file whose copy on the remote ended while that
+    read waited (the old key deleted: NotFound) now reads the copy under the new key,
+    and once the file is unlinked the read is ENOENT (NotFound), not an AttributeError."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.errors import NotFound
+    from neuralcache.namespace import ROOT_INODE
+
+    layer, node, lf, _ = _closed_journal_file(tmp_path)
+
+    class MovedMeanwhile:
+        def __init__(self):
+            self.keys = []
+
+        async def read(self, p, off, size):
+            self.keys.append((p.key, p.version))
+            if p.key == "model.pt":               # the move's copy ends meanwhile
+                layer._moved(Op(1, "move", "ckpt.pt", src="model.pt"),
+                             ObjectInfo("ckpt.pt", 5, "v3", 0.0))
+                raise NotFound("model.pt: 404 NoSuchKey")
+            return b"MOVED"[off:off + size]
+
+    async def main():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        info = ObjectInfo(node.key, 5, "v2", 0.0)
+        lf.uploaded = info
+        layer._uploaded(lf, info)
+        assert layer._let_readers_go()
+        layer.ns.move(node, layer.ns.get(ROOT_INODE), "ckpt.pt")   # rename pending
+        layer.moved["ckpt.pt"] = "model.pt"
+        layer.store = MovedMeanwhile()
+        assert await layer.read(r, 0, 100) == b"MOVED"
+        assert layer.store.keys == [("model.pt", "v2"), ("ckpt.pt", "v3")]
+        layer.ns.rows.add_lookups(node.inode, 1)      # the kernel still holds it
+        layer.ns.remove(node)
+        with pytest.raises(NotFound):
+            await layer.read(r, 0, 100)
+        await layer.release(r)
+
+    trio.run(main)
 
 
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(

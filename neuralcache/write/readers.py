@@ -16,7 +16,7 @@ import os
 
 import trio
 
-from ..errors import JournalError
+from ..errors import JournalError, NotFound
 from ..namespace import Node
 from ..store.blocks import Pinned
 from .files import LocalFile, ReadHandle, pread
@@ -115,9 +115,20 @@ class Readers:
                 h.staging == h.lf.staging and up is not None       # held last, or exactly
                 and up.version == node.version)):                   # what the remote has
             return await self._pread(h, off, size)
+        if node is None or node.removed:    # given up under a full journal, then unlinked
+            raise NotFound(f"{h.lf.key}: deleted since its descriptor gave up its copy")
         # changed and uploaded again, discarded, or a failed copy: the remote has it
         pinned = Pinned(self.remote_key(node), node.version, node.size)
-        return await self.store.read(pinned, off, size)
+        try:
+            return await self.store.read(pinned, off, size)
+        except NotFound:
+            # renamed here while this read waited: the move copied the object to its
+            # new key and deleted this one (names.py _moved): read the copy
+            node = self.ns.get(h.lf.inode)
+            if node is None or node.removed or self.remote_key(node) == pinned.key:
+                raise
+            return await self.store.read(
+                Pinned(self.remote_key(node), node.version, node.size), off, size)
 
     async def _pread(self, h: ReadHandle, off: int, size: int) -> bytes:
         return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
