@@ -122,6 +122,10 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         """Where the remote holds ``node``'s data now (the source of a pending rename)."""
         return self.moved.get(node.key, node.key)
 
+    def remote_pin(self, node: Node) -> Pinned:
+        """``node``'s data on the remote now: its key there, version and size."""
+        return Pinned(self.remote_key(node), node.version, node.size)
+
     def _sealed(self, staging: str) -> bool:
         return staging not in self._unsealed
 
@@ -170,7 +174,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         writing = (flags & os.O_ACCMODE) != os.O_RDONLY or bool(flags & os.O_TRUNC)
         if not writing:
             return await self.open_reader(node)
-        pinned = Pinned(self.remote_key(node), node.version, node.size)
+        pinned = self.remote_pin(node)
         h = WriteHandle(node.inode, None, pinned, pid, bool(flags & os.O_APPEND))
         if flags & os.O_TRUNC:
             lf = lf or await self._new_local(node.key, node, 0)
@@ -243,7 +247,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         return lf
 
     async def _fill_from_remote(self, node: Node, fd: int, length: int) -> None:
-        p = Pinned(self.remote_key(node), node.version, node.size)
+        p = self.remote_pin(node)
         bs = self.store.block_size
         off = 0
         while off < length:

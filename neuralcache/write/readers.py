@@ -18,7 +18,6 @@ import trio
 
 from ..errors import JournalError, NotFound
 from ..namespace import Node
-from ..store.blocks import Pinned
 from .files import LocalFile, ReadHandle, pread
 
 
@@ -74,7 +73,7 @@ class Readers:
         node = self.ns.get(inode)
         if node is not None and h.pinned.version != node.version \
                 and self.made.get(inode) == node.version:
-            h.pinned = Pinned(self.remote_key(node), node.version, node.size)
+            h.pinned = self.remote_pin(node)
         return None
 
     def _holder(self, h: ReadHandle) -> LocalFile | None:
@@ -110,15 +109,16 @@ class Readers:
                 if lf.staging == h.staging and self._holder(h) is lf:
                     return await self._pread(h, off, size)
         node = self.ns.get(h.lf.inode)
-        up = h.lf.uploaded
-        if h.fd is not None and (node is None or node.removed or (  # unlinked: what it
-                h.staging == h.lf.staging and up is not None       # held last, or exactly
-                and up.version == node.version)):                   # what the remote has
+        if node is None or node.removed:          # unlinked: what it held last
+            if h.fd is None:                      # (given up under a full journal)
+                raise NotFound(f"{h.lf.key}: deleted since its reader gave its copy up")
             return await self._pread(h, off, size)
-        if node is None or node.removed:    # given up under a full journal, then unlinked
-            raise NotFound(f"{h.lf.key}: deleted since its descriptor gave up its copy")
+        up = h.lf.uploaded
+        if h.fd is not None and h.staging == h.lf.staging and up is not None \
+                and up.version == node.version:   # exactly what the remote has
+            return await self._pread(h, off, size)
         # changed and uploaded again, discarded, or a failed copy: the remote has it
-        pinned = Pinned(self.remote_key(node), node.version, node.size)
+        pinned = self.remote_pin(node)
         try:
             return await self.store.read(pinned, off, size)
         except NotFound:
@@ -127,8 +127,7 @@ class Readers:
             node = self.ns.get(h.lf.inode)
             if node is None or node.removed or self.remote_key(node) == pinned.key:
                 raise
-            return await self.store.read(
-                Pinned(self.remote_key(node), node.version, node.size), off, size)
+            return await self.store.read(self.remote_pin(node), off, size)
 
     async def _pread(self, h: ReadHandle, off: int, size: int) -> bytes:
         return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
