@@ -22,10 +22,7 @@ DATA = b"pickled metadata"
 
 class Writes:
     """What Operations asks of a --writable mount's write layer on this path."""
-    repin = invalidate_entry = remote_readers = None
-
-    def __init__(self):
-        self.made = {}
+    repin = invalidate_entry = None
 
     def owns(self, h):
         return False
@@ -45,7 +42,7 @@ class MovingStore:
         self.reads.append(p.key)
         if p.key == OLD:
             if self.moved:
-                self.ops_ref[0]._repin(OLD, ObjectInfo(NEW, len(DATA), "etag-2", 0.0))
+                self.ops_ref[0]._repin(ObjectInfo(NEW, len(DATA), "etag-2", 0.0), key=OLD)
             raise NotFound(f"{p.key}: 404 NoSuchKey")
         return DATA[off:off + size]
 

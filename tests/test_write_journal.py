@@ -1006,40 +1006,40 @@ class _RemoteAt:
         return self.data[off:off + size]
 
 
-def test_the_versions_this_mount_made_are_kept_only_while_a_remote_open_needs_them(
-        tmp_path):
-    """Review: ``WriteLayer.made`` grew by one entry per file uploaded over the
-    mount's life.  Now an upload records its version only while a read-only open of
-    the remote file is (the one ``follow_remote`` re-pins), and the FUSE edge drops
-    the entry when that inode's last such open is released."""
+def test_an_upload_from_here_repins_the_opens_of_the_remote_file(tmp_path):
+    """A read-only open of the remote file made before this mount wrote it, and an
+    O_RDWR open that never wrote, read the file as it is now once the upload ends
+    (they were re-pinned lazily from ``WriteLayer.made``, one entry per file
+    uploaded: review).  The upload's end re-pins them at once, with the upload's
+    size; opens of other files keep their pins, and nothing is kept per upload."""
     from neuralcache.backends.base import ObjectInfo
-    from neuralcache.fs.operations import Operations
+    from neuralcache.fs.operations import FileHandle, Operations
     from neuralcache.fs.trace import TraceRing
     from neuralcache.meta.lister import Lister
     from neuralcache.stats import Stats
+    from neuralcache.store.blocks import Pinned
+    from neuralcache.write.files import WriteHandle
 
     layer, node, lf = _layer_with_local_file(tmp_path)
+    other = layer.ns.put_file("other.pt", 3, "o1", 0.0)
     edge = Operations(layer.ns, Lister(layer.ns, None, ttl=60), None, None, Stats(),
                       metadata_ttl=60, readahead_bytes=0, trace=TraceRing(0),
-                      controls=None, writes=layer)      # wires remote_readers
-    open_remote = edge._reading
-    info = ObjectInfo(node.key, 5, "v2", 0.0)
+                      controls=None, writes=layer)      # wires the repin hook
+    ro = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
+    rw = WriteHandle(node.inode, None, Pinned(node.key, "v1", 5), 1, False)
+    elsewhere = FileHandle(other, Pinned(other.key, "o1", 3), None, 1)
+    for h in (ro, rw, elsewhere):
+        edge._new_fh(h)
+    held = lambda: {k: len(v) for k, v in vars(layer).items() if isinstance(v, dict)}
+    before = held()
+    info = ObjectInfo(node.key, 7, "v2", 0.0)
     lf.uploaded = info
-    layer._uploaded(lf, info)                    # nobody reads it from the remote
-    assert layer.made == {} and node.version == "v2"
-
-    open_remote[node.inode] = 1                  # a read-only open pinned to v2
-    layer.files[node.inode] = lf
-    info3 = ObjectInfo(node.key, 5, "v3", 0.0)
-    lf.uploaded = info3
-    layer._uploaded(lf, info3)
-    assert layer.made == {node.inode: "v3"}
-
-    open_remote[node.inode] = 2
-    edge._unread(node.inode)                     # one of two opens released
-    assert layer.made == {node.inode: "v3"}
-    edge._unread(node.inode)                     # the last
-    assert layer.made == {} and edge._reading == {}
+    layer._uploaded(lf, info)
+    assert node.version == "v2" and node.size == 7
+    assert ro.pinned == rw.pinned == Pinned(node.key, "v2", 7)
+    assert elsewhere.pinned == Pinned(other.key, "o1", 3)
+    after = held()
+    assert all(after[k] <= n for k, n in before.items()), (before, after)
 
 
 def _closed_journal_file(tmp_path):
@@ -1206,8 +1206,9 @@ def test_a_remote_read_only_open_follows_what_this_mount_writes(tmp_path, monkey
     """A read-only open of a remote file (fs/operations.py FileHandle) once this mount
     wrote it: two first reads racing each other make one reader of the journal's copy
     (review: the other leaked, its descriptor holding the staging file's space); once
-    uploaded, a handle that never read meanwhile is re-pinned to the upload (it read
-    the version it was opened on), but not to a version made elsewhere."""
+    the journal dropped, a handle that never read meanwhile reads the remote as
+    pinned (the upload's end re-pins it: the test above), not a version made
+    elsewhere."""
     from neuralcache.fs.operations import FileHandle
     from neuralcache.store.blocks import Pinned
 
@@ -1239,11 +1240,7 @@ def test_a_remote_read_only_open_follows_what_this_mount_writes(tmp_path, monkey
 
         h2 = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
         del layer.files[node.inode]                 # uploaded as v2 and forgotten
-        node.version = "v2"
-        layer.made[node.inode] = "v2"
-        assert await layer.follow_remote(h2, 0, 100) is None and h2.pinned.version == "v2"
-        h3 = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
         node.version = "v3"                         # changed by another node
-        assert await layer.follow_remote(h3, 0, 100) is None and h3.pinned.version == "v1"
+        assert await layer.follow_remote(h2, 0, 100) is None and h2.pinned.version == "v1"
 
     trio.run(main)

@@ -21,7 +21,7 @@ import trio
 
 from .. import cpuacct
 from . import control
-from ..store.blocks import BlockStore, Pinned
+from ..store.blocks import BlockStore, Pinned, read_following
 from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
                       IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
                       NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
@@ -156,7 +156,6 @@ class Operations(pyfuse3.Operations):
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
         if writes is not None:
             writes.repin = self._repin
-            writes.remote_readers = lambda inode: self._reading.get(inode, 0)
             writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
                 parent, os.fsencode(name), ignore_enoent=True)
 
@@ -418,21 +417,15 @@ class Operations(pyfuse3.Operations):
         p = h.pinned
         t0 = time.monotonic()
         try:
-            data = await self.store.read(p, off, size)
+            # a rename here may finish while this waits: the read follows it
+            data = await read_following(self.store, lambda: h.pinned, off, size)
+            p = h.pinned
         except NotFound:
+            st.read_errors += 1
             if h.pinned is p:
-                st.read_errors += 1
                 log.warning("%s: listed, but the remote has no such object now (deleted "
                             "since it was listed, or a manifest out of date)", p.key)
-                raise
-            # Renamed here while this read waited: the move copied the object to its
-            # new key and deleted the old one (write/names.py _moved).  Read the copy.
-            p = h.pinned
-            try:
-                data = await self.store.read(p, off, size)
-            except Exception:
-                st.read_errors += 1
-                raise
+            raise
         except VersionChanged:
             st.read_errors += 1
             log.warning("%s: changed on the remote since it was opened (version %s): "
@@ -487,8 +480,6 @@ class Operations(pyfuse3.Operations):
         n = self._reading.pop(ino, 1) - 1
         if n:
             self._reading[ino] = n
-        elif self.writes is not None:
-            self.writes.made.pop(ino, None)   # only a remote open re-pins to it
 
     @_edge
     async def release(self, fh):
@@ -573,13 +564,18 @@ class Operations(pyfuse3.Operations):
         if self.writes is not None and isinstance(h, DirHandle) and h.node is not None:
             await self.writes.fsyncdir(h.node)
 
-    def _repin(self, old_key: str, info) -> None:
-        """A renamed file's data was copied on the remote (the old key is deleted
-        next): open handles read the copy."""
+    def _repin(self, info, *, key: str | None = None, inode: int | None = None) -> None:
+        """Open handles read the object ``info`` names from now on: those pinned to
+        ``key`` once a rename's copy is on the remote (the old key is deleted next),
+        and those of ``inode`` once this mount uploaded it (they read what the file
+        holds now, as on a local disk, not the version they were opened on)."""
         for h in self._handles.values():
             p = getattr(h, "pinned", None)
-            if p is not None and p.key == old_key:
-                h.pinned = Pinned(info.key, info.version, p.size)
+            if p is None:
+                continue
+            ino = h.node.inode if isinstance(h, FileHandle) else getattr(h, "inode", None)
+            if p.key == key or (inode is not None and ino == inode):
+                h.pinned = Pinned(info.key, info.version, info.size)
 
     # -- everything else is read-only ---------------------------------------------------
     # getxattr and listxattr are not implemented: pyfuse3 answers ENOSYS, and after the

@@ -26,7 +26,7 @@ import trio
 from .. import cpuacct
 from . import limiter as lim
 from .tiers import BlockKey, DiskTier, MemoryTier
-from ..errors import BackendError, Unavailable
+from ..errors import BackendError, NotFound, Unavailable
 from ..stats import Stats
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,22 @@ class Pinned:
     key: str
     version: str
     size: int
+
+
+async def read_following(store, pin, off: int, size: int) -> bytes | memoryview:
+    """``store.read`` of the object ``pin()`` names, following a rename made on this
+    mount while the read waited: its copy ended (write/names.py ``_moved``), the old
+    key was deleted and the read got NotFound, and ``pin()`` now names the copy,
+    which is read instead.  NotFound if ``pin()`` names the same object, or None
+    (the file was removed)."""
+    p = pin()
+    try:
+        return await store.read(p, off, size)
+    except NotFound:
+        q = pin()
+        if q is None or q == p:
+            raise
+        return await store.read(q, off, size)
 
 
 class _Flight:

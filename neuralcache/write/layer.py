@@ -80,19 +80,14 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         self._freed = trio.Event()       # set (and replaced) at each deletion
         self._freed_at = -math.inf       # trio time the last deletion ended
         self.moved: dict[str, str] = {}   # key -> remote key holding its data (pending moves)
-        # inode -> the version this mount uploaded last, kept only while a read-only
-        # open of the remote file is (write/readers.py follow_remote re-pins it); the
-        # FUSE edge drops an entry when its inode's last such open is released.
-        self.made: dict[int, str] = {}
         self.local_dirs: set[str] = set()  # directories kept by this mount (mkdir, emptied)
         self.lister = None     # meta/lister.py's Lister: lists a directory before a change
         self._recent: collections.deque = collections.deque()   # (monotonic, finished Op)
-        # Set by the FUSE edge: open handles follow a move's copy (old key,
-        # ObjectInfo); the kernel forgets a name changed behind its back (parent
-        # inode, name).
+        # Set by the FUSE edge: open handles follow a move's copy or an upload
+        # (ObjectInfo, key= the old key | inode=); the kernel forgets a name changed
+        # behind its back (parent inode, name).
         self.repin = None
         self.invalidate_entry = None
-        self.remote_readers = lambda inode: 0   # inode -> read-only remote opens of it
         self.readers: set[ReadHandle] = set()   # open read-only journal handles (readers.py)
         self.skip_drain = False    # `neuralcache umount --force`
         self.written_bytes = 0
@@ -567,11 +562,9 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         if node is not None and not node.removed:
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime
-            if self.remote_readers(node.inode):     # bounded by the open handles
-                self.made[node.inode] = info.version
-            else:
-                self.made.pop(node.inode, None)
             node.checked = time.monotonic()
+            if self.repin is not None:    # opens of the remote file read the upload
+                self.repin(info, inode=node.inode)
 
     def _forget_local(self, lf: LocalFile) -> None:
         self._stop_stream(lf, "dropped")

@@ -292,7 +292,7 @@ class NameOps:
         if info is None:
             return
         if self.repin is not None:
-            self.repin(op.src, info)
+            self.repin(info, key=op.src)
         node = self.ns.by_path(op.key)
         if node is None or node.is_dir or op.key in self.moved:
             return

@@ -18,6 +18,7 @@ import trio
 
 from ..errors import JournalError, NotFound
 from ..namespace import Node
+from ..store.blocks import read_following
 from .files import LocalFile, ReadHandle, pread
 
 
@@ -58,9 +59,9 @@ class Readers:
     async def follow_remote(self, h, off: int, size: int) -> bytes | None:
         """A read-only open of a remote file (fs/operations.py FileHandle) once this
         mount wrote the file: the journal's copy while the journal holds it (a reader
-        of it made once, ``h.journal``), else, if this mount uploaded the version the
-        file has now, re-pinned to it.  None: read the remote as pinned (a change made
-        elsewhere keeps the pinned version: old bytes or ESTALE)."""
+        of it made once, ``h.journal``).  None: read the remote as pinned (an upload
+        from here re-pinned the handle, ``_uploaded``; a change made elsewhere keeps
+        the pinned version: old bytes or ESTALE)."""
         inode = h.node.inode
         if h.journal is None and self.holds(inode):
             rh = await self.open_reader(h.node)
@@ -70,10 +71,6 @@ class Readers:
                 self._close_reader(rh)
         if h.journal is not None:
             return await self._read_staging(h.journal, off, size)
-        node = self.ns.get(inode)
-        if node is not None and h.pinned.version != node.version \
-                and self.made.get(inode) == node.version:
-            h.pinned = self.remote_pin(node)
         return None
 
     def _holder(self, h: ReadHandle) -> LocalFile | None:
@@ -118,16 +115,12 @@ class Readers:
                 and up.version == node.version:   # exactly what the remote has
             return await self._pread(h, off, size)
         # changed and uploaded again, discarded, or a failed copy: the remote has it
-        pinned = self.remote_pin(node)
-        try:
-            return await self.store.read(pinned, off, size)
-        except NotFound:
-            # renamed here while this read waited: the move copied the object to its
-            # new key and deleted this one (names.py _moved): read the copy
-            node = self.ns.get(h.lf.inode)
-            if node is None or node.removed or self.remote_key(node) == pinned.key:
-                raise
-            return await self.store.read(self.remote_pin(node), off, size)
+        return await read_following(self.store, lambda: self._remote_pin_of(h.lf.inode),
+                                    off, size)
+
+    def _remote_pin_of(self, inode: int):
+        node = self.ns.get(inode)
+        return None if node is None or node.removed else self.remote_pin(node)
 
     async def _pread(self, h: ReadHandle, off: int, size: int) -> bytes:
         return await trio.to_thread.run_sync(pread, h.fd, size, off, limiter=self._disk)
