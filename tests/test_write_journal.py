@@ -1030,6 +1030,8 @@ def test_an_upload_from_here_repins_the_opens_of_the_remote_file(tmp_path):
     elsewhere = FileHandle(other, Pinned(other.key, "o1", 3), None, 1)
     for h in (ro, rw, elsewhere):
         edge._new_fh(h)
+    edge._reading.update({node.inode: 1, other.inode: 1})     # as open() counts them
+    layer._lazy[node.inode] = {rw}                  # as layer.open() keeps them
     held = lambda: {k: len(v) for k, v in vars(layer).items() if isinstance(v, dict)}
     before = held()
     info = ObjectInfo(node.key, 7, "v2", 0.0)
@@ -1040,6 +1042,32 @@ def test_an_upload_from_here_repins_the_opens_of_the_remote_file(tmp_path):
     assert elsewhere.pinned == Pinned(other.key, "o1", 3)
     after = held()
     assert all(after[k] <= n for k, n in before.items()), (before, after)
+
+
+def test_a_rename_moves_the_opens_of_the_renamed_file_only(tmp_path):
+    """Review: a rename's copy re-pinned every handle pinned to the old key, also one
+    of another file unlinked from that name before (it would read the renamed
+    file's bytes).  Now a handle of a file unlinked since keeps its pin."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.fs.operations import FileHandle, Operations
+    from neuralcache.fs.trace import TraceRing
+    from neuralcache.meta.lister import Lister
+    from neuralcache.stats import Stats
+    from neuralcache.store.blocks import Pinned
+
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    edge = Operations(layer.ns, Lister(layer.ns, None, ttl=60), None, None, Stats(),
+                      metadata_ttl=60, readahead_bytes=0, trace=TraceRing(0),
+                      controls=None, writes=layer)
+    old = layer.ns.put_file("a.pt", 3, "y1", 0.0)       # opened, then unlinked
+    gone = FileHandle(old, Pinned("a.pt", "y1", 3), None, 1)
+    layer.ns.remove(old)
+    moved = FileHandle(node, Pinned("a.pt", "x1", 5), None, 1)   # renamed a.pt -> here
+    edge._new_fh(gone)
+    edge._new_fh(moved)
+    edge._repin(ObjectInfo(node.key, 5, "x2", 0.0), key="a.pt")
+    assert moved.pinned == Pinned(node.key, "x2", 5)
+    assert gone.pinned == Pinned("a.pt", "y1", 3)
 
 
 def _closed_journal_file(tmp_path):

@@ -428,6 +428,7 @@ class Operations(pyfuse3.Operations):
             raise
         except VersionChanged:
             st.read_errors += 1
+            p = h.pinned        # (the one read last, if a rename moved it meanwhile)
             log.warning("%s: changed on the remote since it was opened (version %s): "
                         "ESTALE; open it again for the new version", p.key, p.version)
             raise
@@ -567,14 +568,19 @@ class Operations(pyfuse3.Operations):
     def _repin(self, info, *, key: str | None = None, inode: int | None = None) -> None:
         """Open handles read the object ``info`` names from now on: those pinned to
         ``key`` once a rename's copy is on the remote (the old key is deleted next),
-        and those of ``inode`` once this mount uploaded it (they read what the file
-        holds now, as on a local disk, not the version they were opened on)."""
+        and the read-only opens of ``inode`` once this mount uploaded it (what the
+        file holds now, as on a local disk).  Not those of a file unlinked since:
+        another file's copy under its old name is not its data."""
+        if key is None and not self._reading.get(inode):
+            return                      # no read-only open of it: nothing to scan
         for h in self._handles.values():
             p = getattr(h, "pinned", None)
             if p is None:
                 continue
-            ino = h.node.inode if isinstance(h, FileHandle) else getattr(h, "inode", None)
-            if p.key == key or (inode is not None and ino == inode):
+            node = h.node if isinstance(h, FileHandle) else self.ns.get(h.inode)
+            if node is None or node.removed:
+                continue
+            if p.key == key or node.inode == inode:
                 h.pinned = Pinned(info.key, info.version, info.size)
 
     # -- everything else is read-only ---------------------------------------------------

@@ -563,7 +563,11 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
             self.ns.total_bytes += info.size - node.size
             node.size, node.version, node.mtime = info.size, info.version, info.mtime
             node.checked = time.monotonic()
-            if self.repin is not None:    # opens of the remote file read the upload
+            # opens that read the remote file (not the journal) read the upload now
+            pin = self.remote_pin(node)
+            for h in self._lazy.get(node.inode, ()):    # O_RDWR ones that never wrote
+                h.pinned = pin
+            if self.repin is not None:                  # the FUSE edge's read-only ones
                 self.repin(info, inode=node.inode)
 
     def _forget_local(self, lf: LocalFile) -> None:
