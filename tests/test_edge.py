@@ -174,3 +174,40 @@ def test_an_open_of_a_changed_file_drops_its_old_size_at_once(monkeypatch):
 
     trio.run(main)
     assert calls == [(node.inode, True, True)]
+
+
+class BlockStore1M:
+    """A store of 1 MiB blocks that records which blocks readers left behind."""
+    block_size = 1 << 20
+
+    def __init__(self):
+        self.consumed_blocks = []
+
+    def nblocks(self, p):
+        return -(-p.size // self.block_size)
+
+    def consumed(self, p, i):
+        self.consumed_blocks.append((p.key, i))
+
+
+def test_closing_a_file_read_whole_gives_its_blocks_back():
+    """A file read to its end in one stream: its close gives every block back to the
+    store (the page cache has the bytes; the memory tier kept 1 GB of 8 MB shards,
+    each one block the stream never left behind).  A file read in part keeps them."""
+    from neuralcache.ahead.readahead import ReadAhead
+
+    store = BlockStore1M()
+    ops = edge(store)
+    node = ops.ns.put_file("shard-0.tar", 3 << 20, "etag-1", 0.0)
+    handles = []
+    for upto in (3 << 20, 1 << 20):              # whole, then only the first MiB
+        ra = ReadAhead(store.block_size)
+        for i, off in enumerate(range(0, upto, 128 << 10)):
+            ra.on_read(off, 128 << 10, 3, 0.06, now=i * 1e-4)
+        handles.append(ops._new_fh(FileHandle(node, Pinned(node.key, "etag-1", 3 << 20),
+                                              ra, 1)))
+    ops._reading[node.inode] = 2
+    trio.run(ops.release, handles[1])
+    assert store.consumed_blocks == []
+    trio.run(ops.release, handles[0])
+    assert store.consumed_blocks == [(node.key, 0), (node.key, 1), (node.key, 2)]

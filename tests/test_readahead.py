@@ -84,3 +84,37 @@ def test_random_reads_leave_nothing_behind():
     for _ in range(500):
         ra.on_read(rng.randrange(0, 1 << 30, 128 << 10), 128 << 10, 128, 0.06, now=1.0)
         assert list(ra.behind()) == []
+
+
+def test_a_file_read_whole_gives_its_blocks_back_at_close():
+    """A file read from its first byte to its last in one stream: at close the blocks
+    ``behind`` did not report are given back (the page cache holds them; shards of
+    one block each were never reported, and 1 GB of them kept the memory tier full of
+    fresh buffers: bench/RESULTS.md, twentieth sitting); also after a read of its tail
+    first, as torch.load does.  Not a file read in part, or whose last stream began
+    past its first byte."""
+    size = 3 * BS + 100
+    whole = ReadAhead(BS, max_bytes=8 * BS)
+    for i, off in enumerate(range(0, size, 128 << 10)):
+        whole.on_read(off, min(128 << 10, size - off), 4, 0.06, now=i * 1e-4)
+    assert list(whole.finished(4, size)) == [0, 1, 2, 3]
+    assert list(whole.finished(4, size)) == []            # once
+
+    part = ReadAhead(BS, max_bytes=8 * BS)
+    for i in range(8):
+        part.on_read(i * (128 << 10), 128 << 10, 4, 0.06, now=i * 1e-4)
+    assert list(part.finished(4, size)) == []
+
+    tail_first = ReadAhead(BS, max_bytes=8 * BS)
+    tail_first.on_read(size - 100, 100, 4, 0.06, now=0.0)
+    for i, off in enumerate(range(0, size, 128 << 10)):
+        tail_first.on_read(off, min(128 << 10, size - off), 4, 0.06, now=(i + 1) * 1e-4)
+    assert list(tail_first.finished(4, size)) == [0, 1, 2, 3]
+
+    big = 40 * BS + 100
+    two = ReadAhead(BS, max_bytes=8 * BS)
+    for i in range(8):                                     # the first MiB
+        two.on_read(i * (128 << 10), 128 << 10, 41, 0.06, now=i * 1e-4)
+    for i, off in enumerate(range(36 * BS, big, 128 << 10)):   # then a seek past it
+        two.on_read(off, min(128 << 10, big - off), 41, 0.06, now=(i + 9) * 1e-4)
+    assert list(two.finished(41, big)) == []

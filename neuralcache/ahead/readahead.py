@@ -106,6 +106,16 @@ class ReadAhead:
         self.behind_upto = upto
         return range(first, upto)
 
+    def finished(self, nblocks: int, size: int) -> range:
+        """At close: the blocks not yet reported by ``behind`` of a file whose last
+        stream read it from its first byte to its last (the page cache holds them
+        now; a gap within SEQ_SLACK counts as read, as in ``on_read``); nothing for a
+        file read in part, or whose last stream began past its first byte."""
+        if self.streak < STREAK_MIN or self.stream_start != 0 or self.next_off < size:
+            return range(0)
+        first, self.behind_upto = self.behind_upto, max(self.behind_upto, nblocks)
+        return range(first, nblocks)
+
     def _target_blocks(self, latency_s: float, now: float) -> int:
         t0 = now if self.streak_t0 is None else self.streak_t0
         elapsed = max(now - t0, 1e-3)

@@ -478,8 +478,7 @@ class Operations(pyfuse3.Operations):
             await self._install_hints(h)   # (a bad hint failed the write that carried it)
 
     def _unread(self, ino: int) -> None:
-        n = self._reading.pop(ino, 1) - 1
-        if n:
+        if n := self._reading.pop(ino, 1) - 1:
             self._reading[ino] = n
 
     @_edge
@@ -487,6 +486,9 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
             self._unread(h.node.inode)
+            if h.readahead is not None:    # read whole: the page cache has it now
+                for i in h.readahead.finished(self.store.nblocks(h.pinned), h.pinned.size):
+                    self.store.consumed(h.pinned, i)
             if h.journal is not None:
                 await self.writes.release(h.journal)
         elif self.writes is not None and self.writes.owns(h):
@@ -568,9 +570,8 @@ class Operations(pyfuse3.Operations):
     def _repin(self, info, *, key: str | None = None, inode: int | None = None) -> None:
         """Open handles read the object ``info`` names from now on: those pinned to
         ``key`` once a rename's copy is on the remote (the old key is deleted next),
-        and the read-only opens of ``inode`` once this mount uploaded it (what the
-        file holds now, as on a local disk).  Not those of a file unlinked since:
-        another file's copy under its old name is not its data."""
+        and the read-only opens of ``inode`` once this mount uploaded it (what it holds
+        now, as on a local disk); not those of a file unlinked since (review)."""
         if key is None and not self._reading.get(inode):
             return                      # no read-only open of it: nothing to scan
         for h in self._handles.values():
@@ -584,9 +585,8 @@ class Operations(pyfuse3.Operations):
                 h.pinned = Pinned(info.key, info.version, info.size)
 
     # -- everything else is read-only ---------------------------------------------------
-    # getxattr and listxattr are not implemented: pyfuse3 answers ENOSYS, and after the
-    # first one the kernel stops asking (fc->no_getxattr): `ls -l` of 100k files used to
-    # make 200k getxattr requests (security.selinux, system.posix_acl_access).
+    # getxattr, listxattr: not implemented; pyfuse3's ENOSYS stops the kernel asking
+    # (fc->no_getxattr): `ls -l` of 100k files made 200k of them (security.selinux...).
 
     async def _erofs(self, *args, **kwargs):
         """Read-only: EROFS; writable: links, device nodes and xattrs are not kept."""
