@@ -298,6 +298,28 @@ def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tm
     assert run_with_store(store, fn) == 4       # one fetch per block, none again
 
 
+def test_a_block_let_go_before_its_disk_write_failed_stays_in_memory(tmp_path):
+    """Review: ``consumed`` lets a block go while its disk write is queued; if that
+    write then fails, memory keeps it (it was in neither tier, and a re-read
+    fetched it again, or failed if the object changed since)."""
+    data = payload(14, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.disk.put = lambda bk, data: False          # the disk takes nothing
+
+    async def fn():
+        assert await store.read(obj, 0, BS) == data[:BS]
+        bk = BlockKey(obj.key, obj.version, 0)
+        store._queued.add(bk)         # consumed before the (failing) write ran
+        store.consumed(obj, 0)
+        while store.write_queue_bytes:
+            await trio.sleep(0.01)
+        assert store.mem.get(bk) is not None
+        assert await store.read(obj, 0, BS) == data[:BS]
+        return len(be.calls)
+
+    assert run_with_store(store, fn) == 1
+
+
 def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):
     data = payload(13, 2 * BS)
     be, store, obj = make(tmp_path, data, disk=False, delay=0)

@@ -200,14 +200,16 @@ def test_closing_a_file_read_whole_gives_its_blocks_back():
     ops = edge(store)
     node = ops.ns.put_file("shard-0.tar", 3 << 20, "etag-1", 0.0)
     handles = []
-    for upto in (3 << 20, 1 << 20):              # whole, then only the first MiB
+    # whole; only the first MiB; whole with O_DIRECT (nothing in the page cache)
+    for upto, direct in ((3 << 20, False), (1 << 20, False), (3 << 20, True)):
         ra = ReadAhead(store.block_size)
         for i, off in enumerate(range(0, upto, 128 << 10)):
             ra.on_read(off, 128 << 10, 3, 0.06, now=i * 1e-4)
         handles.append(ops._new_fh(FileHandle(node, Pinned(node.key, "etag-1", 3 << 20),
-                                              ra, 1)))
-    ops._reading[node.inode] = 2
+                                              ra, 1, direct=direct)))
+    ops._reading[node.inode] = 3
     trio.run(ops.release, handles[1])
+    trio.run(ops.release, handles[2])
     assert store.consumed_blocks == []
     trio.run(ops.release, handles[0])
     assert store.consumed_blocks == [(node.key, 0), (node.key, 1), (node.key, 2)]

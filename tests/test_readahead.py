@@ -105,6 +105,11 @@ def test_a_file_read_whole_gives_its_blocks_back_at_close():
         part.on_read(i * (128 << 10), 128 << 10, 4, 0.06, now=i * 1e-4)
     assert list(part.finished(4, size)) == []
 
+    header_tail = ReadAhead(BS, max_bytes=8 * BS)    # review: 2 header reads, the tail
+    for i, (off, n) in enumerate(((0, 4096), (4096, 4096), (size - BS, BS))):
+        header_tail.on_read(off, n, 4, 0.06, now=i * 1e-4)
+    assert list(header_tail.finished(4, size)) == []
+
     tail_first = ReadAhead(BS, max_bytes=8 * BS)
     tail_first.on_read(size - 100, 100, 4, 0.06, now=0.0)
     for i, off in enumerate(range(0, size, 128 << 10)):

@@ -109,9 +109,11 @@ class ReadAhead:
     def finished(self, nblocks: int, size: int) -> range:
         """At close: the blocks not yet reported by ``behind`` of a file whose last
         stream read it from its first byte to its last (the page cache holds them
-        now; a gap within SEQ_SLACK counts as read, as in ``on_read``); nothing for a
-        file read in part, or whose last stream began past its first byte."""
-        if self.streak < STREAK_MIN or self.stream_start != 0 or self.next_off < size:
+        now: as many bytes read as the file has, a gap within SEQ_SLACK counted as
+        read, as in ``on_read``); nothing for a file read in part, or whose last
+        stream began past its first byte."""
+        if self.streak < STREAK_MIN or self.stream_start != 0 or self.next_off < size \
+                or self.streak_bytes < size:      # (a header, then the tail: review)
             return range(0)
         first, self.behind_upto = self.behind_upto, max(self.behind_upto, nblocks)
         return range(first, nblocks)

@@ -1,11 +1,9 @@
 """The FUSE edge: a pyfuse3.Operations subclass over Namespace + BlockStore.
 
-The one errno table of NeuralCache lives here (``ERRNO``); every handler is wrapped by
-``_edge`` so that nothing but FUSEError escapes it (pyfuse3 would take the whole mount
-down).  The mount is read-only except for the hints file in the control directory,
-unless it is ``--writable``: then the write handlers delegate to neuralcache/write/
-(``self.writes``), and read() / open() hand files with journal data to it.
-"""
+The one errno table of NeuralCache is here (``ERRNO``); ``_edge`` wraps every handler
+so that nothing but FUSEError escapes (pyfuse3 would take the mount down).  Read-only
+but for the control directory's hints file, unless ``--writable``: then writes go to
+neuralcache/write/ (``self.writes``), and so do files with journal data."""
 from __future__ import annotations
 
 import errno
@@ -109,6 +107,7 @@ class FileHandle:
     # a writable mount: the file was written here after this open; reads follow the
     # journal's copy from then on (write/readers.py), as on a local disk
     journal: object = None
+    direct: bool = False     # O_DIRECT: its reads leave nothing in the page cache
 
 
 @dataclass(slots=True)
@@ -363,7 +362,8 @@ class Operations(pyfuse3.Operations):
         self._reading[inode] = busy + 1
         ra = ReadAhead(self.store.block_size, self.readahead_bytes) \
             if self.readahead_bytes > 0 else None
-        fh = self._new_fh(FileHandle(node, pinned, ra, ctx.pid))
+        fh = self._new_fh(FileHandle(node, pinned, ra, ctx.pid,
+                                     direct=bool(flags & os.O_DIRECT)))
         self.stats.opens += 1
         self.trace.record("open", node.key, 0, 0, ctx.pid, node.size)
         if self.prefetcher is not None:
@@ -486,7 +486,7 @@ class Operations(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
             self._unread(h.node.inode)
-            if h.readahead is not None:    # read whole: the page cache has it now
+            if h.readahead is not None and not h.direct:   # read whole: in the page cache
                 for i in h.readahead.finished(self.store.nblocks(h.pinned), h.pinned.size):
                     self.store.consumed(h.pinned, i)
             if h.journal is not None:

@@ -170,14 +170,18 @@ class BlockStore:
 
     async def _disk_writer(self) -> None:
         async for bk, data in self._recv:
+            stored = False
             try:
-                await trio.to_thread.run_sync(self.disk.put, bk, data,
-                                              limiter=self._disk_threads)
+                stored = await trio.to_thread.run_sync(self.disk.put, bk, data,
+                                                       limiter=self._disk_threads)
             except Exception:  # a cache failure is never a reader's failure
                 log.exception("disk cache write failed")
             finally:
                 self.write_queue_bytes -= len(data)
                 self._queued.discard(bk)
+            if not stored and self.mem.get(bk) is None:
+                # ``consumed`` let it go, counting on this write: memory keeps it
+                self.mem.put(bk, data)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
