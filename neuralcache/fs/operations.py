@@ -568,20 +568,20 @@ class Operations(pyfuse3.Operations):
             await self.writes.fsyncdir(h.node)
 
     def _repin(self, info, *, key: str | None = None, inode: int | None = None) -> None:
-        """Open handles read the object ``info`` names from now on: those pinned to
-        ``key`` once a rename's copy is on the remote (the old key is deleted next),
-        and the read-only opens of ``inode`` once this mount uploaded it (what it holds
-        now, as on a local disk); not those of a file unlinked since (review)."""
+        """Open handles read ``info``'s object from now on: those pinned to ``key`` once
+        a rename's copy is on the remote (the old key goes next), the read-only ones of
+        ``inode`` once this mount uploaded it (the write layer re-pins its own); not
+        those of a file unlinked since (review)."""
         if key is None and not self._reading.get(inode):
             return                      # no read-only open of it: nothing to scan
         for h in self._handles.values():
             p = getattr(h, "pinned", None)
             if p is None:
                 continue
-            node = h.node if isinstance(h, FileHandle) else self.ns.get(h.inode)
+            node = h.node if (ro := isinstance(h, FileHandle)) else self.ns.get(h.inode)
             if node is None or node.removed:
                 continue
-            if p.key == key or node.inode == inode:
+            if p.key == key or (ro and node.inode == inode):
                 h.pinned = Pinned(info.key, info.version, info.size)
 
     # -- everything else is read-only ---------------------------------------------------
