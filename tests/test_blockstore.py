@@ -301,23 +301,31 @@ def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tm
 def test_a_block_let_go_before_its_disk_write_failed_stays_in_memory(tmp_path):
     """Review: ``consumed`` lets a block go while its disk write is queued; if that
     write then fails, memory keeps it (it was in neither tier, and a re-read
-    fetched it again, or failed if the object changed since)."""
+    fetched it again, or failed if the object changed since).  A block the LRU
+    evicted meanwhile is not put back: the memory tier's bound holds."""
     data = payload(14, 2 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
-    store.disk.put = lambda bk, data: False          # the disk takes nothing
+    gate = threading.Event()
+    store.disk.put = lambda bk, data: gate.wait(5) and False   # the disk takes nothing
 
     async def fn():
         assert await store.read(obj, 0, BS) == data[:BS]
-        bk = BlockKey(obj.key, obj.version, 0)
-        store._queued.add(bk)         # consumed before the (failing) write ran
-        store.consumed(obj, 0)
+        assert await store.read(obj, BS, BS) == data[BS:]
+        b0, b1 = (BlockKey(obj.key, obj.version, i) for i in range(2))
+        assert b0 in store._queued and b1 in store._queued    # writes not done yet
+        store.consumed(obj, 0)            # let go, counting on the write
+        store.mem.drop(b1)                # evicted by the LRU
+        assert store.mem.get(b0) is None
+        gate.set()
         while store.write_queue_bytes:
             await trio.sleep(0.01)
-        assert store.mem.get(bk) is not None
+        assert store.mem.get(b0) is not None
+        assert store.mem.get(b1) is None
+        assert not store._let_go
         assert await store.read(obj, 0, BS) == data[:BS]
         return len(be.calls)
 
-    assert run_with_store(store, fn) == 1
+    assert run_with_store(store, fn) == 2
 
 
 def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):

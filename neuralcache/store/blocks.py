@@ -155,6 +155,7 @@ class BlockStore:
                                      min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
         self.write_queue_bytes = 0
         self._queued: set[BlockKey] = set()     # blocks in the disk write queue
+        self._let_go: set[BlockKey] = set()     # ... of those, dropped by ``consumed``
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
 
@@ -179,9 +180,12 @@ class BlockStore:
             finally:
                 self.write_queue_bytes -= len(data)
                 self._queued.discard(bk)
-            if not stored and self.mem.get(bk) is None:
-                # ``consumed`` let it go, counting on this write: memory keeps it
-                self.mem.put(bk, data)
+            if bk in self._let_go:
+                self._let_go.discard(bk)
+                if not stored and self.mem.get(bk) is None:
+                    # ``consumed`` let it go, counting on this write: memory keeps it
+                    # (not a block the LRU evicted: that one goes, as without a disk)
+                    self.mem.put(bk, data)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
@@ -308,9 +312,17 @@ class BlockStore:
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
-        is the only copy, and a block whose disk write was skipped stays too."""
+        is the only copy, and a block whose disk write was skipped stays too.  A block
+        let go while its write is queued is remembered (``_let_go``, bounded by the
+        queue) so that ``_disk_writer`` puts it back if that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
-        if self.disk is not None and (bk in self._queued or self.disk.contains(bk)):
+        if self.disk is None:
+            return
+        if bk in self._queued:
+            if self.mem.get(bk) is not None:
+                self._let_go.add(bk)
+                self.mem.drop(bk)
+        elif self.disk.contains(bk):
             self.mem.drop(bk)
 
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
