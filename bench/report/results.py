@@ -50,6 +50,24 @@ def _hit(r: dict) -> str:
     return "-"
 
 
+# Below these a row's host control is not worth a note: 64 MB carried (the emulator's
+# CPU per GiB is noise on less), 0.1 s of steal (a tick or two on 2 cores).
+HOST_NOTE_MIN_BYTES = 64e6
+HOST_NOTE_MIN_STEAL_S = 0.1
+
+
+def _host_note(r: dict) -> list[str]:
+    """The row's host control (harness.measure): the WAN emulator's CPU per GiB it
+    carried, and the VM's steal time, when there is enough of either to read."""
+    out = []
+    carried = r.get("link_bytes_down", 0) + r.get("link_bytes_up", 0)
+    if r.get("proxy_cpu_s") is not None and carried >= HOST_NOTE_MIN_BYTES:
+        out.append(f"WAN emu {r['proxy_cpu_s'] / (carried / (1 << 30)):.2f} s/GiB")
+    if r.get("steal_s", 0) >= HOST_NOTE_MIN_STEAL_S:
+        out.append(f"steal {r['steal_s']:.1f} s")
+    return out
+
+
 def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
     head = (f"{'scenario':11} {'phase':9} {'system':23} {'throughput':>17} {'MB/s':>8} "
             f"{'x local':>8} {'x link':>7} {'hit':>5} {'~hit':>5} {'pf prec':>7} {'link MB':>8} "
@@ -96,6 +114,7 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
                         + (f" of <= {conv['shard_mb']} MB" if conv.get("shard_mb") else "")
                         + f") made in {conv['convert_s']:.0f} s "
                         f"+ upload {conv.get('upload_s', 0):.0f} s, not counted")
+        note += _host_note(r)
         thr = f"{r['value']:.1f} {r['unit']}"
         out.append(
             f"{r['scenario']:11} {r['phase']:9} {r['system']:23} {thr:>17} "
@@ -110,7 +129,10 @@ def table(rows: list[dict], meta: dict, notes: list[str] | None = None) -> str:
                "bytes read, for every remote system; pf prec: used / fetched read-ahead + "
                "prefetch bytes; cpu s: CPU seconds of every process involved (the benchmark "
                "process, its loader workers, the filesystem daemon; not the proxy or "
-               "SeaweedFS).")
+               "SeaweedFS); WAN emu: the emulator's CPU per GiB it carried in that row, "
+               "the same work for every system, and steal: CPU the host took from this VM "
+               "during the row; either high against its neighbours marks a slow minute "
+               "of the machine, not of the system.")
     out += [f"note: {n}" for n in notes or []]
     return "\n".join(out)
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from bench.scenarios import datasets
 from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
-from bench.systems.cpu import CpuMeter
+from bench.systems.cpu import CpuMeter, machine_steal
 from bench.systems.link import link_fetch
 from bench.systems.pagecache import dirty_kb, drop_page_cache, read_into_cache
 from bench.systems.registry import make_system
@@ -115,15 +115,23 @@ class Ctx:
         e.g. loader workers, plus the system's daemon; not the proxy or SeaweedFS)."""
         p0 = self.proxy.stats()
         s0 = m.stats() if m else None
+        steal0 = machine_steal()
         cpu = CpuMeter(m.daemon_pids if m else list, self._not_client_cpu).start()
         res = fn()
         cpu_row = cpu.stop()
+        steal = machine_steal() - steal0
         p1 = self.proxy.stats()
         s1 = m.stats() if m else None
         row = {"phase": phase, **cpu_row, **res,
                "link_bytes_down": p1["bytes_down"] - p0["bytes_down"],
                "link_bytes_up": p1["bytes_up"] - p0["bytes_up"],
-               "link_connections": p1["connections"] - p0["connections"]}
+               "link_connections": p1["connections"] - p0["connections"],
+               # the host's speed in this row: the proxy does the same work per byte for
+               # every system, so its CPU per GiB (and the VM's steal) is the control
+               # that tells a slow row from a slow minute of the machine
+               "steal_s": round(steal, 3)}
+        if p0.get("cpu_s") is not None and p1.get("cpu_s") is not None:
+            row["proxy_cpu_s"] = round(p1["cpu_s"] - p0["cpu_s"], 3)
         row.setdefault("mbps", row["bytes"] / max(row["seconds"], 1e-9) / 1e6)
         if m is not None and m.remote and row.get("bytes"):
             row["byte_hit_rate_est"] = max(0.0, 1.0 - row["link_bytes_down"] / row["bytes"])

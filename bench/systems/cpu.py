@@ -56,6 +56,15 @@ def machine_busy() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK   # user..steal, minus idle, iowait
 
 
+def machine_steal() -> float:
+    """CPU seconds the hypervisor has taken from this VM's cores so far (/proc/stat's
+    steal column): time a row's processes wanted a core and the host gave it to another
+    guest.  A row with steal ran on a slower machine than its neighbours."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return fields[7] / _TICK if len(fields) > 7 else 0.0
+
+
 def _stat(path: str) -> list[str]:
     """The fields of a /proc stat file after "(comm)": state ppid ... minflt(7) ...
     utime(11) stime(12)."""

@@ -42,6 +42,18 @@ def test_table_shows_errors_and_rows():
     assert "note: a note" in text
 
 
+def test_table_shows_the_host_control_of_a_row():
+    """harness.measure's proxy CPU and steal: a note where there is enough to read."""
+    rows = _rows()
+    rows[2].update(link_bytes_down=1 << 30, link_bytes_up=0, proxy_cpu_s=0.3, steal_s=0.45)
+    rows[1].update(proxy_cpu_s=0.0, steal_s=0.02)         # no link bytes, no steal
+    text = report.table(report.annotate(rows), {"argv": ["bench", "run"]})
+    line = next(x for x in text.splitlines() if " rclone " in x and "shards" in x)
+    assert "WAN emu 0.30 s/GiB" in line and "steal 0.5 s" in line
+    line = next(x for x in text.splitlines() if " local " in x and "shards" in x)
+    assert "WAN emu" not in line and "steal" not in line
+
+
 def test_registry_is_extensible():
     assert {"shards", "samples", "train", "bigfile", "overflow", "fio"} <= set(SCENARIOS)
     register("dummy", lambda ctx: [])
