@@ -289,6 +289,7 @@ def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tm
         store._queued.add(keys[3])              # queued for the disk, not written yet
         store.disk.drop(keys[3])
         store.consumed(obj, 3)
+        assert store._let_go == {keys[3]}       # (would be put back if that write failed)
         store.disk.drop(keys[2])                # neither written nor queued (skipped)
         store.consumed(obj, 2)
         assert [store.mem.get(k) is not None for k in keys] == [False, True, True, False]

@@ -123,3 +123,19 @@ def test_a_file_read_whole_gives_its_blocks_back_at_close():
     for i, off in enumerate(range(36 * BS, big, 128 << 10)):   # then a seek past it
         two.on_read(off, min(128 << 10, big - off), 41, 0.06, now=(i + 9) * 1e-4)
     assert list(two.finished(41, big)) == []
+
+    twice = ReadAhead(BS, max_bytes=8 * BS)          # review: half of it twice, the tail
+    size8 = 8 * BS
+    reads = [(off, 128 << 10) for off in range(0, 4 * BS, 128 << 10)] * 2 \
+        + [(size8 - BS, BS)]
+    for i, (off, n) in enumerate(reads):
+        twice.on_read(off, n, 8, 0.06, now=i * 1e-4)
+    assert twice.streak_bytes >= size8                     # counted as many bytes...
+    assert list(twice.finished(8, size8)) == [0, 1, 2, 3, 7]   # ...not blocks 4-6
+
+    long = ReadAhead(BS, max_bytes=8 * BS)           # what it keeps stays a handful
+    for i in range(300):
+        long.on_read(i * BS, BS, 300, 0.06, now=i * 1e-4)
+        list(long.behind())
+    assert len(long.touched) <= (32 << 20) // BS + 1
+    assert list(long.finished(300, 300 * BS)) == list(range(300 - len(long.touched), 300))

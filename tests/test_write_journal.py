@@ -1234,9 +1234,9 @@ def test_a_remote_read_only_open_follows_what_this_mount_writes(tmp_path, monkey
     """A read-only open of a remote file (fs/operations.py FileHandle) once this mount
     wrote it: two first reads racing each other make one reader of the journal's copy
     (review: the other leaked, its descriptor holding the staging file's space); once
-    the journal dropped, a handle that never read meanwhile reads the remote as
-    pinned (the upload's end re-pins it: the test above), not a version made
-    elsewhere."""
+    the journal dropped, a handle that never read meanwhile is told to read the
+    remote as pinned (None: the upload's end re-pins it, the test above; a version
+    made elsewhere leaves the pin alone, old bytes or ESTALE: tests/test_e2e.py)."""
     from neuralcache.fs.operations import FileHandle
     from neuralcache.store.blocks import Pinned
 
@@ -1269,6 +1269,6 @@ def test_a_remote_read_only_open_follows_what_this_mount_writes(tmp_path, monkey
         h2 = FileHandle(node, Pinned(node.key, "v1", 5), None, 1)
         del layer.files[node.inode]                 # uploaded as v2 and forgotten
         node.version = "v3"                         # changed by another node
-        assert await layer.follow_remote(h2, 0, 100) is None and h2.pinned.version == "v1"
+        assert await layer.follow_remote(h2, 0, 100) is None and h2.journal is None
 
     trio.run(main)

@@ -42,7 +42,8 @@ STREAK_MIN = 2
 
 class ReadAhead:
     __slots__ = ("block_size", "max_blocks", "next_off", "window", "ahead_upto",
-                 "streak_bytes", "streak_t0", "streak", "stream_start", "behind_upto")
+                 "streak_bytes", "streak_t0", "streak", "stream_start", "behind_upto",
+                 "touched")
 
     def __init__(self, block_size: int, max_bytes: int = DEFAULT_MAX_BYTES):
         self.block_size = block_size
@@ -55,6 +56,9 @@ class ReadAhead:
         self.streak = 0              # contiguous reads so far in this stream
         self.stream_start = 0        # where the current stream began
         self.behind_upto = 0         # blocks below this were reported by behind()
+        # blocks this stream has read from, not yet reported by behind() (a handful:
+        # behind() lets them go 32 MiB behind the furthest read)
+        self.touched: set[int] = set()
 
     def on_read(self, off: int, size: int, nblocks: int, latency_s: float,
                 now: float | None = None) -> range:
@@ -68,7 +72,9 @@ class ReadAhead:
         slack = SEQ_SLACK if self.streak >= STREAK_MIN else START_SLACK
         sequential = abs(off - self.next_off) <= slack
         self.next_off = max(self.next_off, off + size) if sequential else off + size
+        read = range(cur, (off + max(size, 1) - 1) // self.block_size + 1)
         if not sequential:
+            self.touched = set(read)
             self.stream_start = off
             self.window = MIN_BLOCKS
             self.ahead_upto = cur + 1
@@ -76,6 +82,7 @@ class ReadAhead:
             self.streak_t0 = now
             self.streak = 1
             return range(0)
+        self.touched.update(read)
         self.streak += 1
         if self.streak < STREAK_MIN:
             self.streak_bytes += size
@@ -104,19 +111,22 @@ class ReadAhead:
         if upto <= first:
             return range(0)
         self.behind_upto = upto
+        self.touched.difference_update(range(first, upto))
         return range(first, upto)
 
-    def finished(self, nblocks: int, size: int) -> range:
+    def finished(self, nblocks: int, size: int) -> list[int]:
         """At close: the blocks not yet reported by ``behind`` of a file whose last
         stream read it from its first byte to its last (the page cache holds them
         now: as many bytes read as the file has, a gap within SEQ_SLACK counted as
-        read, as in ``on_read``); nothing for a file read in part, or whose last
-        stream began past its first byte."""
+        read, as in ``on_read``), each one the stream read from; nothing for a file
+        read in part, or whose last stream began past its first byte."""
         if self.streak < STREAK_MIN or self.stream_start != 0 or self.next_off < size \
                 or self.streak_bytes < size:      # (a header, then the tail: review)
-            return range(0)
+            return []
         first, self.behind_upto = self.behind_upto, max(self.behind_upto, nblocks)
-        return range(first, nblocks)
+        # (a part read twice then the tail counts as many bytes as the file has:
+        # only the blocks read from go, not the ones skipped: review)
+        return [i for i in range(first, nblocks) if i in self.touched]
 
     def _target_blocks(self, latency_s: float, now: float) -> int:
         t0 = now if self.streak_t0 is None else self.streak_t0
