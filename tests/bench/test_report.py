@@ -83,3 +83,42 @@ def test_hints_system_runs_only_where_hints_are_published():
     assert hints_note(["samples", "bigfile", "maze"], ["local", "neuralcache"]) is None
     note = hints_note(["samples", "bigfile", "maze"], ["neuralcache", "neuralcache-hints"])
     assert note.startswith("neuralcache-hints skipped in bigfile, maze:")
+
+
+def test_measure_records_the_host_control_and_the_daemons_fresh_pages(tmp_path):
+    """harness.measure: the proxy's CPU over the phase, the VM's steal, and the minor
+    faults of the system's daemon (here this process: the phase touches 16 MiB of
+    fresh memory, so at least ~4k faults)."""
+    import mmap
+    import os
+
+    from bench.scenarios.harness import Ctx
+
+    class Proxy:
+        n = 0
+
+        def stats(self):
+            Proxy.n += 1
+            return {"bytes_up": 0, "bytes_down": 10 * Proxy.n, "connections": 0,
+                    "cpu_s": 0.25 * Proxy.n}
+
+    class Mount:
+        remote, daemon_pids = True, staticmethod(lambda: [os.getpid()])
+
+        def stats(self):
+            return None
+
+    ctx = Ctx(quick=True, seed=0, out_dir=tmp_path, work_dir=tmp_path, data_dir=tmp_path,
+              systems=[], rtt_ms=60, mbit=None, bucket="b", seaweed=None, s3=None,
+              s3_link=None, proxy=Proxy(), sys_env=None, timeout_s=60)
+
+    def touch():
+        buf = mmap.mmap(-1, 16 << 20)
+        for off in range(0, len(buf), mmap.PAGESIZE):
+            buf[off] = 1
+        return {"seconds": 0.1, "bytes": 100}
+
+    row = ctx.measure(Mount(), "cold", touch)
+    assert row["proxy_cpu_s"] == 0.25 and row["link_bytes_down"] == 10
+    assert row["steal_s"] >= 0
+    assert row["daemon_minor_faults"] >= 3000
