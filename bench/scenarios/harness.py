@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from bench.scenarios import datasets
 from bench.systems.base import MountOptions, Mounted, SystemEnv, abort_mount
-from bench.systems.cpu import CpuMeter, machine_steal, minor_faults
+from bench.systems.cpu import CpuMeter, machine_steal, minor_faults_of
 from bench.systems.link import link_fetch
 from bench.systems.pagecache import dirty_kb, drop_page_cache, read_into_cache
 from bench.systems.registry import make_system
@@ -30,17 +30,6 @@ if TYPE_CHECKING:
 def log(msg: str) -> None:
     """Progress on stderr."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def _faults(pids: list[int]) -> dict[int, int]:
-    """Minor page faults so far of each of ``pids`` still alive."""
-    out = {}
-    for pid in pids:
-        try:
-            out[pid] = minor_faults(pid)
-        except (OSError, IndexError, ValueError):
-            pass
-    return out
 
 
 @dataclass
@@ -127,12 +116,12 @@ class Ctx:
         p0 = self.proxy.stats()
         s0 = m.stats() if m else None
         steal0 = machine_steal()
-        f0 = _faults(m.daemon_pids() if m else [])
+        f0 = minor_faults_of(m.daemon_pids() if m else [])
         cpu = CpuMeter(m.daemon_pids if m else list, self._not_client_cpu).start()
         res = fn()
         cpu_row = cpu.stop()
         steal = machine_steal() - steal0
-        f1 = _faults(list(f0))
+        f1 = minor_faults_of(f0)
         p1 = self.proxy.stats()
         s1 = m.stats() if m else None
         row = {"phase": phase, **cpu_row, **res,

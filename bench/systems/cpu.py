@@ -48,11 +48,16 @@ def proc_table() -> dict[int, tuple[int, float]]:
     return out
 
 
+def _machine_ticks() -> list[int]:
+    """/proc/stat's "cpu" line: user nice system idle iowait irq softirq steal ..."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def machine_busy() -> float:
     """CPU seconds every core of the machine has spent busy so far (/proc/stat: all
     but idle and iowait), whoever spent them."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
+    fields = _machine_ticks()
     return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK   # user..steal, minus idle, iowait
 
 
@@ -60,8 +65,7 @@ def machine_steal() -> float:
     """CPU seconds the hypervisor has taken from this VM's cores so far (/proc/stat's
     steal column): time a row's processes wanted a core and the host gave it to another
     guest.  A row with steal ran on a slower machine than its neighbours."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
+    fields = _machine_ticks()
     return fields[7] / _TICK if len(fields) > 7 else 0.0
 
 
@@ -103,6 +107,17 @@ def thread_cpu(pid: int) -> dict[str, float]:
 def minor_faults(pid: int) -> int:
     """The process's minor page faults so far (each first touch of a fresh page)."""
     return int(_stat(f"/proc/{pid}/stat")[7])
+
+
+def minor_faults_of(pids: Iterable[int]) -> dict[int, int]:
+    """``minor_faults`` of each of ``pids`` still alive."""
+    out = {}
+    for pid in pids:
+        try:
+            out[pid] = minor_faults(pid)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
 
 
 def descendants(table: dict[int, tuple[int, float]], roots: Iterable[int],

@@ -180,12 +180,12 @@ class BlockStore:
             finally:
                 self.write_queue_bytes -= len(data)
                 self._queued.discard(bk)
-            if bk in self._let_go:
-                self._let_go.discard(bk)
-                if not stored and self.mem.get(bk) is None:
-                    # ``consumed`` let it go, counting on this write: memory keeps it
-                    # (not a block the LRU evicted: that one goes, as without a disk)
-                    self.mem.put(bk, data)
+            let_go = bk in self._let_go
+            self._let_go.discard(bk)
+            if let_go and not stored and self.mem.get(bk) is None:
+                # ``consumed`` let it go counting on this write: memory keeps it (not a
+                # block the LRU evicted: that one goes, as it would without a disk)
+                self.mem.put(bk, data)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
