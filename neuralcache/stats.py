@@ -56,6 +56,7 @@ class Stats:
     singleflight_joins: int = 0
     hedged_requests: int = 0
     disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
+    disk_writes_late: int = 0      # ... of those, queued when the reader left them
     # small files handed to the kernel page cache at open (fs/operations.py _push):
     # each one is a READ request the kernel does not send
     pushed_files: int = 0
@@ -139,6 +140,7 @@ class Stats:
             "singleflight_joins": self.singleflight_joins,
             "hedged_requests": self.hedged_requests,
             "disk_writes_skipped": self.disk_writes_skipped,
+            "disk_writes_late": self.disk_writes_late,
             "pushed_files": self.pushed_files,
             "pushed_bytes": self.pushed_bytes,
             "push_errors": self.push_errors,

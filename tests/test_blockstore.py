@@ -291,9 +291,19 @@ def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tm
         store.consumed(obj, 3)
         assert store._let_go == {keys[3]}       # (would be put back if that write failed)
         store.disk.drop(keys[2])                # neither written nor queued (skipped)
+        limit, store.write_queue_limit = store.write_queue_limit, 0   # queue still full
         store.consumed(obj, 2)
         assert [store.mem.get(k) is not None for k in keys] == [False, True, True, False]
+        assert store.stats.disk_writes_late == 0
+        store.write_queue_limit = limit         # room again: queued now, and let go
+        store.consumed(obj, 2)
+        assert store.stats.disk_writes_late == 1
+        assert store._let_go == {keys[2], keys[3]} and store.mem.get(keys[2]) is None
+        while store.write_queue_bytes:
+            await trio.sleep(0.01)
+        assert store.disk.contains(keys[2]) and store._let_go == {keys[3]}
         assert await store.read(obj, 0, BS) == data[:BS]     # from the disk tier
+        assert await store.read(obj, 2 * BS, BS) == data[2 * BS:3 * BS]
         return len(be.calls)
 
     assert run_with_store(store, fn) == 4       # one fetch per block, none again

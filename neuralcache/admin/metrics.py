@@ -45,6 +45,11 @@ COUNTERS = {
     "neuralcache_backend_retries_total": ("backend_retries", "Remote attempts retried"),
     "neuralcache_corrupt_blocks_total": ("corrupt_blocks_dropped",
                                          "Disk blocks that failed their checksum"),
+    "neuralcache_disk_writes_skipped_total": ("disk_writes_skipped",
+                                              "Fetched blocks not queued for the disk "
+                                              "tier on arrival (its write queue full)"),
+    "neuralcache_disk_writes_late_total": ("disk_writes_late",
+                                           "Of those, queued once the reader left them"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
     "neuralcache_pushed_files_total": ("pushed_files",

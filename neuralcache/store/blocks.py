@@ -312,17 +312,24 @@ class BlockStore:
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
-        is the only copy, and a block whose disk write was skipped stays too.  A block
-        let go while its write is queued is remembered (``_let_go``, bounded by the
-        queue) so that ``_disk_writer`` puts it back if that write fails."""
+        is the only copy.  A block whose disk write was skipped when it arrived (the
+        queue was full: the disk was behind) is queued now if the queue has room, and
+        else stays in memory.  A block let go while its write is queued is remembered
+        (``_let_go``, bounded by the queue) so that ``_disk_writer`` puts it back if
+        that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
         if self.disk is None:
             return
-        if bk in self._queued:
-            if self.mem.get(bk) is not None:
-                self._let_go.add(bk)
+        if bk not in self._queued:
+            if self.disk.contains(bk):
                 self.mem.drop(bk)
-        elif self.disk.contains(bk):
+                return
+            data = self.mem.get(bk)
+            if data is None or not self._queue_write(bk, data):
+                return
+            self.stats.disk_writes_late += 1
+        if self.mem.get(bk) is not None:
+            self._let_go.add(bk)
             self.mem.drop(bk)
 
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
@@ -428,17 +435,21 @@ class BlockStore:
             else:
                 st.prefetch_bytes_used += len(data)
         self.mem.put(bk, data)
-        if self.disk is not None and not flight.stored:
-            if self.write_queue_bytes + len(data) > self.write_queue_limit:
-                self.stats.disk_writes_skipped += 1
-            else:
-                try:
-                    self._send.send_nowait((bk, data))
-                    self.write_queue_bytes += len(data)
-                    self._queued.add(bk)
-                except trio.WouldBlock:
-                    self.stats.disk_writes_skipped += 1
+        if self.disk is not None and not flight.stored and not self._queue_write(bk, data):
+            self.stats.disk_writes_skipped += 1
         return data
+
+    def _queue_write(self, bk: BlockKey, data) -> bool:
+        """Hand ``data`` to the background disk writers; False if the queue is full."""
+        if self.write_queue_bytes + len(data) > self.write_queue_limit:
+            return False
+        try:
+            self._send.send_nowait((bk, data))
+        except trio.WouldBlock:
+            return False
+        self.write_queue_bytes += len(data)
+        self._queued.add(bk)
+        return True
 
     async def _from_origin(self, bk: BlockKey, obj: Pinned, flight: _Flight, off: int,
                            length: int) -> bytes:
