@@ -292,7 +292,10 @@ def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tm
         assert store._let_go == {keys[3]}       # (would be put back if that write failed)
         store.disk.drop(keys[2])                # neither written nor queued (skipped)
         limit, store.write_queue_limit = store.write_queue_limit, 0   # queue still full
+        store.mem.get(keys[1])                  # block 2 is not the most recent one
+        order = store.mem._lru.keys()
         store.consumed(obj, 2)
+        assert store.mem._lru.keys() == order   # (not made the most recently used)
         assert [store.mem.get(k) is not None for k in keys] == [False, True, True, False]
         assert store.stats.disk_writes_late == 0
         store.write_queue_limit = limit         # room again: queued now, and let go

@@ -324,11 +324,12 @@ class BlockStore:
             if self.disk.contains(bk):
                 self.mem.drop(bk)
                 return
-            data = self.mem.get(bk)
-            if data is None or not self._queue_write(bk, data):
+            if (bk not in self.mem        # (a full queue leaves the LRU order alone)
+                    or self.write_queue_bytes + self.block_size > self.write_queue_limit
+                    or not self._queue_write(bk, self.mem.get(bk))):
                 return
             self.stats.disk_writes_late += 1
-        if self.mem.get(bk) is not None:
+        if bk in self.mem:
             self._let_go.add(bk)
             self.mem.drop(bk)
 

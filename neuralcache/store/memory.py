@@ -40,7 +40,12 @@ class MemoryTier:
         self._release = release or (lambda data: None)
 
     def get(self, bk: BlockKey) -> bytes | None:
+        """The block's bytes, now the most recently used; None if not held."""
         return self._lru.get(bk)
+
+    def __contains__(self, bk: BlockKey) -> bool:
+        """Held?  (Leaves the LRU order as it is.)"""
+        return bk in self._lru
 
     def put(self, bk: BlockKey, data: bytes) -> None:
         if len(data) > self.limit:
