@@ -21,7 +21,17 @@ if [ -n "$missing" ]; then
     rm -f "$log"
 fi
 
-PY=${PYTHON:-python3}
+# The interpreter: $PYTHON if set, else the distribution's /usr/bin/python3 when it is
+# 3.11 or newer (Debian builds it with PGO and LTO, libpython linked in), else the first
+# python3 on PATH.  A pyenv build (shared libpython, no PGO by default) ran the daemon
+# at ~1.1x the CPU per GiB here (bench/RESULTS.md, "Which Python").
+if [ -n "${PYTHON:-}" ]; then
+    PY=$PYTHON
+elif /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+    PY=/usr/bin/python3
+else
+    PY=python3
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
