@@ -342,6 +342,36 @@ def test_a_block_let_go_before_its_disk_write_failed_stays_in_memory(tmp_path):
     assert run_with_store(store, fn) == 2
 
 
+def test_a_skipped_block_queued_late_comes_back_to_memory_if_that_write_fails(tmp_path):
+    """Review: a block whose write was skipped is queued when its reader leaves it,
+    only while the disk takes writes; if that late write fails, memory keeps it."""
+    data = payload(16, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    b0, b1 = (BlockKey(obj.key, obj.version, i) for i in range(2))
+    limit, store.write_queue_limit = store.write_queue_limit, 0     # every write skipped
+    store.disk.put = lambda bk, data: False                        # and the disk fails
+
+    async def fn():
+        assert await store.read(obj, 0, BS) == data[:BS]
+        assert await store.read(obj, BS, BS) == data[BS:]
+        assert store.stats.disk_writes_skipped == 2 and not store._queued
+        store.write_queue_limit = limit
+        store.disk.writable = False           # an outage: nothing queued, b1 stays
+        store.consumed(obj, 1)
+        assert store.stats.disk_writes_late == 0 and store.mem.get(b1) is not None
+        store.disk.writable = True
+        store.consumed(obj, 0)                # queued late, let go ...
+        assert store.stats.disk_writes_late == 1 and store.mem.get(b0) is None
+        assert store._let_go == {b0}
+        while store.write_queue_bytes:
+            await trio.sleep(0.01)
+        assert store.mem.get(b0) is not None and not store._let_go   # ... and back
+        assert await store.read(obj, 0, BS) == data[:BS]
+        return len(be.calls)
+
+    assert run_with_store(store, fn) == 2       # never fetched again
+
+
 def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):
     data = payload(13, 2 * BS)
     be, store, obj = make(tmp_path, data, disk=False, delay=0)

@@ -49,7 +49,8 @@ COUNTERS = {
                                               "Fetched blocks not queued for the disk "
                                               "tier on arrival (its write queue full)"),
     "neuralcache_disk_writes_late_total": ("disk_writes_late",
-                                           "Of those, queued once the reader left them"),
+                                           "Blocks in memory only (write skipped or "
+                                           "failed) queued once their reader left them"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
     "neuralcache_pushed_files_total": ("pushed_files",

@@ -312,9 +312,10 @@ class BlockStore:
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
-        is the only copy.  A block whose disk write was skipped when it arrived (the
-        queue was full: the disk was behind) is queued now if the queue has room, and
-        else stays in memory.  A block let go while its write is queued is remembered
+        is the only copy.  A block in memory only (its disk write was skipped when it
+        arrived, the queue full: the disk was behind; or that write failed) is queued
+        now if the disk takes writes and the queue has room for a whole block, and else
+        stays in memory.  A block let go while its write is queued is remembered
         (``_let_go``, bounded by the queue) so that ``_disk_writer`` puts it back if
         that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
@@ -324,7 +325,8 @@ class BlockStore:
             if self.disk.contains(bk):
                 self.mem.drop(bk)
                 return
-            if (bk not in self.mem        # (a full queue leaves the LRU order alone)
+            if (bk not in self.mem        # (these checks leave the LRU order alone)
+                    or not self.disk.writable       # (a disk outage: it stays)
                     or self.write_queue_bytes + self.block_size > self.write_queue_limit
                     or not self._queue_write(bk, self.mem.get(bk))):
                 return
@@ -436,7 +438,8 @@ class BlockStore:
             else:
                 st.prefetch_bytes_used += len(data)
         self.mem.put(bk, data)
-        if self.disk is not None and not flight.stored and not self._queue_write(bk, data):
+        if (self.disk is not None and not flight.stored and bk not in self._queued
+                and not self._queue_write(bk, data)):      # (queued: those bytes are)
             self.stats.disk_writes_skipped += 1
         return data
 
