@@ -24,7 +24,8 @@ fi
 # The interpreter: $PYTHON if set, else the distribution's /usr/bin/python3 when it is
 # 3.11 or newer (Debian builds it with PGO and LTO, libpython linked in), else the first
 # python3 on PATH.  A pyenv build (shared libpython, no PGO by default) ran the daemon
-# at ~1.1x the CPU per GiB here (bench/RESULTS.md, "Which Python").
+# at ~1.1x the CPU per GiB here (bench/RESULTS.md, "Which Python").  An existing .venv
+# is kept, whatever built it: remove it to build it again.
 if [ -n "${PYTHON:-}" ]; then
     PY=$PYTHON
 elif /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
