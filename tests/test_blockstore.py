@@ -6,7 +6,7 @@ import trio
 
 from neuralcache.store import limiter as lim
 from neuralcache.backends.posix import PosixBackend
-from neuralcache.store.blocks import BlockStore, Pinned
+from neuralcache.store.blocks import WRITE_BACK_WRITERS, BlockStore, Pinned
 from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
 from neuralcache.errors import NotFound
 from neuralcache.stats import Stats
@@ -382,3 +382,96 @@ def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):
         return store.mem.get(BlockKey(obj.key, obj.version, 0)) is not None
 
     assert run_with_store(store, fn)
+
+
+def _read_all_then_stop(store, obj, data, before_stop=None):
+    """Read every block with ``run`` going, then cancel it (the unmount)."""
+    async def main():
+        async with trio.open_nursery() as n:
+            await n.start(store.run)
+            for off in range(0, len(data), BS):
+                assert await store.read(obj, off, BS) == data[off:off + BS]
+            if before_stop is not None:
+                before_stop()
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_write_back_at_unmount_writes_what_only_memory_or_the_queue_holds(tmp_path):
+    """Blocks whose disk write was skipped (queue full) stay in memory only, and a
+    block left in the write queue when ``run`` stopped was in neither tier: the
+    unmount's ``write_back`` writes both, and the next mount of the cache reads every
+    block from disk, byte for byte, without one fetch."""
+    data = payload(17, 4 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    keys = [BlockKey(obj.key, obj.version, i) for i in range(4)]
+    limit, store.write_queue_limit = store.write_queue_limit, 0    # every write skipped
+
+    def queue_one():       # block 3: queued (its reader left it), not yet written
+        store.write_queue_limit = limit
+        assert store._queue_write(keys[3], store.mem.get(keys[3]))
+        store.mem.drop(keys[3])
+
+    # the writers stop before they take block 3 (the queue is read only by them)
+    _read_all_then_stop(store, obj, data, before_stop=queue_one)
+    assert store.stats.disk_writes_skipped == 4
+    assert not any(store.disk.contains(k) for k in keys)
+    res = trio.run(store.write_back, 5.0)
+    assert res == (4, 4 * BS, True)
+    assert store.write_queue_bytes == 0 and not store._queued
+    assert all(store.disk.contains(k) for k in keys)
+    assert trio.run(store.write_back, 5.0) == (0, 0, True)      # nothing left to write
+
+    be2, store2, obj2 = make(tmp_path, data, delay=0)            # the next mount
+    _read_all_then_stop(store2, obj2, data)
+    assert be2.calls == [] and store2.stats.disk_hits == 4
+
+
+def test_write_back_starts_no_write_after_its_budget(tmp_path):
+    """The writes under way when the budget ends finish; no other starts; every
+    block the next mount finds reads right, the rest is fetched."""
+    data = payload(18, 12 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.write_queue_limit = 0
+    _read_all_then_stop(store, obj, data)
+    real_put = store.disk.put
+
+    def slow_put(bk, block):
+        time.sleep(0.3)
+        return real_put(bk, block)
+    store.disk.put = slow_put
+    blocks, nbytes, complete = trio.run(store.write_back, 0.1)
+    assert not complete and blocks == WRITE_BACK_WRITERS
+    be2, store2, obj2 = make(tmp_path, data, delay=0)            # every block reads right
+    _read_all_then_stop(store2, obj2, data)
+    assert store2.stats.disk_hits == WRITE_BACK_WRITERS
+    assert len(be2.calls) == 12 - WRITE_BACK_WRITERS
+
+
+def test_write_back_writes_nothing_during_a_disk_outage(tmp_path):
+    data = payload(19, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.write_queue_limit = 0
+    _read_all_then_stop(store, obj, data)
+    store.disk.writable = False
+    calls = []
+    store.disk.put = lambda bk, block: calls.append(bk)
+    assert trio.run(store.write_back, 5.0) == (0, 0, False)   # (both still in memory)
+    assert calls == []
+
+
+def test_the_daemon_writes_memory_back_after_the_unmount_and_says_so(tmp_path, caplog):
+    from neuralcache import daemon
+
+    data = payload(20, 3 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.write_queue_limit = 0
+    _read_all_then_stop(store, obj, data)
+    with caplog.at_level("INFO", logger="neuralcache.daemon"):
+        trio.run(daemon._write_back, store)
+    assert all(store.disk.contains(BlockKey(obj.key, obj.version, i)) for i in range(3))
+    assert "wrote 3 blocks (0.2 MiB) held only in memory to the disk cache" in caplog.text
+    store.disk.put = None              # a bug in a write: logged, the unmount goes on
+    store.disk.drop(BlockKey(obj.key, obj.version, 0))
+    trio.run(daemon._write_back, store)
+    assert "disk cache write failed" in caplog.text

@@ -82,6 +82,9 @@ DISK_THREADS = 8
 # once; a block that finds them all busy goes through the writers.  0: every block
 # goes through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
+# Writers of ``write_back`` (at unmount): two at a time per core keep an O_DIRECT write
+# in flight while the other's checksum runs; the disk threads bound them anyway.
+WRITE_BACK_WRITERS = 4
 # Speculatively fetched blocks remembered, to count whether they were used.
 SPECULATIVE_MEMORY = 1 << 16
 
@@ -156,6 +159,7 @@ class BlockStore:
         self.write_queue_bytes = 0
         self._queued: set[BlockKey] = set()     # blocks in the disk write queue
         self._let_go: set[BlockKey] = set()     # ... of those, dropped by ``consumed``
+        self._cut_off: list = []    # (key, bytes) a writer took and the unmount stopped
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
 
@@ -175,6 +179,9 @@ class BlockStore:
             try:
                 stored = await trio.to_thread.run_sync(self.disk.put, bk, data,
                                                        limiter=self._disk_threads)
+            except trio.Cancelled:     # the unmount, before the write began
+                self._cut_off.append((bk, data))        # (write_back writes it)
+                raise
             except Exception:  # a cache failure is never a reader's failure
                 log.exception("disk cache write failed")
             finally:
@@ -186,6 +193,55 @@ class BlockStore:
                 # ``consumed`` let it go counting on this write: memory keeps it (not a
                 # block the LRU evicted: that one goes, as it would without a disk)
                 self.mem.put(bk, data)
+
+    async def write_back(self, budget_s: float) -> tuple[int, int, bool]:
+        """After the unmount, ``run`` cancelled: write to the disk tier the blocks only
+        memory or the write queue holds (their write was skipped with the queue full,
+        failed, or had not run yet), most recently used first, so that the next mount
+        of this cache finds every block this one fetched.  No write starts after
+        ``budget_s`` seconds (or the caller's cancel); those under way finish, at most
+        WRITE_BACK_WRITERS, and disk.py's writes are atomic either way.  (blocks
+        written, bytes written, whether nothing is left unwritten)."""
+        todo: dict[BlockKey, object] = dict(self._cut_off)
+        self._cut_off.clear()
+        while True:                          # what the cancelled writers left queued
+            try:
+                bk, data = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            self.write_queue_bytes -= len(data)
+            todo[bk] = data
+        self._queued.clear()
+        self._let_go.clear()
+        if self.disk is None:                # memory was the only tier, by design
+            return 0, 0, True
+        for bk, data in self.mem.items():
+            if bk not in todo and not self.disk.contains(bk):
+                todo[bk] = data
+        if not self.disk.writable:           # an outage: no write would take
+            return 0, 0, not todo
+        pending = iter(list(todo.items()))
+        done = [0, 0]        # blocks written, their bytes
+
+        async def writer():
+            for bk, data in pending:
+                if not self.disk.writable:   # an outage began: leave the rest
+                    return
+                try:
+                    ok = await trio.to_thread.run_sync(self.disk.put, bk, data,
+                                                       limiter=self._disk_threads)
+                except Exception:  # a cache failure is never a reader's failure
+                    log.exception("disk cache write failed")
+                    ok = False
+                if ok:
+                    done[0] += 1
+                    done[1] += len(data)
+
+        with trio.move_on_after(budget_s):
+            async with trio.open_nursery() as n:
+                for _ in range(WRITE_BACK_WRITERS):
+                    n.start_soon(writer)
+        return done[0], done[1], done[0] == len(todo)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:

@@ -71,5 +71,9 @@ class MemoryTier:
             self.used -= len(old)
             self._release(old)
 
+    def items(self) -> list[tuple[BlockKey, bytes]]:
+        """Every (key, bytes) held, most recently used first (a copy: a snapshot)."""
+        return self._lru.items()
+
     def __len__(self) -> int:
         return len(self._lru)
