@@ -30,6 +30,7 @@ from .backends import open_backend
 from .backends.s3 import describe_check_error
 from .store.blockfiles import padded
 from .store.blocks import BlockStore
+from .store.writeback import WRITE_BACK_S
 from .store.tiers import DiskTier, MemoryTier
 from .admin.config import MountConfig
 from .errors import BackendError, UserError
@@ -64,11 +65,6 @@ KERNEL_READAHEAD_KB = 16384
 WARM_CONNECTIONS = 32
 # glibc malloc arenas (see _limit_malloc_arenas).
 MALLOC_ARENAS = 2
-# After the unmount, at most this long writing to the disk cache the blocks only memory
-# held (BlockStore.write_back): a 1 GiB memory tier at the disk's ~200-500 MB/s of
-# 8 MiB O_DIRECT writes here.  Within `neuralcache umount`'s 30 s wait for the daemon
-# and the systemd unit's TimeoutStopSec=60; a signal stops it sooner.
-WRITE_BACK_S = 10.0
 
 
 def check_mountpoint(path: str) -> str:
@@ -133,7 +129,10 @@ def _lock_cache(path: str) -> int:
     except OSError:
         os.close(fd)
         raise UserError(f"cache directory {path} is in use by another NeuralCache mount "
-                        "of the same source; give this mount its own --cache-dir") from None
+                        "of the same source (or by one unmounted a moment ago, still "
+                        f"writing its memory to the cache for up to {WRITE_BACK_S:.0f} s "
+                        "or its uploads: `neuralcache umount` waits for it); give this "
+                        "mount its own --cache-dir") from None
     return fd
 
 
@@ -236,12 +235,14 @@ async def _drain(writes) -> None:
 
 async def _write_back(store: BlockStore) -> None:
     """After the unmount: BlockStore.write_back within WRITE_BACK_S; a signal stops
-    it (the blocks not written are fetched again when next read)."""
+    it (the blocks not written are fetched again when next read).  One log line says
+    what it wrote."""
     t0 = time.monotonic()
     res = None
 
-    async def on_signal(cancel_scope):
+    async def on_signal(cancel_scope, task_status=trio.TASK_STATUS_IGNORED):
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            task_status.started()
             async for signum in sigs:
                 log.warning("signal %d: not writing the rest of memory to the disk cache",
                             signum)
@@ -250,15 +251,17 @@ async def _write_back(store: BlockStore) -> None:
 
     try:
         async with trio.open_nursery() as n:
-            n.start_soon(on_signal, n.cancel_scope)
+            await n.start(on_signal, n.cancel_scope)
             res = await store.write_back(WRITE_BACK_S)
             n.cancel_scope.cancel()
     except Exception:      # the cache is a cache: the unmount goes on
         log.exception("writing memory to the disk cache failed")
-    if res is not None and res[0]:
+    blocks, nbytes = store.written_back
+    if blocks or (res is not None and not res[2]):
         log.info("wrote %d blocks (%.1f MiB) held only in memory to the disk cache in "
-                 "%.1f s%s", res[0], res[1] / 2**20, time.monotonic() - t0,
-                 "" if res[2] else " (not all of them: time was up)")
+                 "%.1f s%s", blocks, nbytes / 2**20, time.monotonic() - t0,
+                 "" if res is not None and res[2] else
+                 " (not all: time was up, a signal came or the disk refused them)")
 
 
 async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:

@@ -6,7 +6,8 @@ import trio
 
 from neuralcache.store import limiter as lim
 from neuralcache.backends.posix import PosixBackend
-from neuralcache.store.blocks import WRITE_BACK_WRITERS, BlockStore, Pinned
+from neuralcache.store.blocks import BlockStore, Pinned
+from neuralcache.store.writeback import WRITE_BACK_WRITERS
 from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
 from neuralcache.errors import NotFound
 from neuralcache.stats import Stats
@@ -398,33 +399,37 @@ def _read_all_then_stop(store, obj, data, before_stop=None):
 
 
 def test_write_back_at_unmount_writes_what_only_memory_or_the_queue_holds(tmp_path):
-    """Blocks whose disk write was skipped (queue full) stay in memory only, and a
-    block left in the write queue when ``run`` stopped was in neither tier: the
-    unmount's ``write_back`` writes both, and the next mount of the cache reads every
-    block from disk, byte for byte, without one fetch."""
-    data = payload(17, 4 * BS)
+    """Blocks whose disk write was skipped (queue full) stay in memory only; blocks in
+    the write queue when ``run`` stopped were in neither tier, whether a writer had
+    taken them (cut off before its thread started) or they were still queued: the
+    unmount's ``write_back`` writes all three, and the next mount of the cache reads
+    every block from disk, byte for byte, without one fetch."""
+    data = payload(17, 6 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
-    keys = [BlockKey(obj.key, obj.version, i) for i in range(4)]
+    keys = [BlockKey(obj.key, obj.version, i) for i in range(6)]
     limit, store.write_queue_limit = store.write_queue_limit, 0    # every write skipped
 
-    def queue_one():       # block 3: queued (its reader left it), not yet written
+    def queue_three():     # blocks 3-5: queued (their reader left them), not written
         store.write_queue_limit = limit
-        assert store._queue_write(keys[3], store.mem.get(keys[3]))
-        store.mem.drop(keys[3])
+        for k in keys[3:]:
+            assert store._queue_write(k, store.mem.get(k))
+            store.mem.drop(k)
 
-    # the writers stop before they take block 3 (the queue is read only by them)
-    _read_all_then_stop(store, obj, data, before_stop=queue_one)
-    assert store.stats.disk_writes_skipped == 4
+    # the two writers, waiting, each take one and are cancelled before their thread
+    # starts; the third stays in the channel
+    _read_all_then_stop(store, obj, data, before_stop=queue_three)
+    assert store.stats.disk_writes_skipped == 6
     assert not any(store.disk.contains(k) for k in keys)
+    assert len(store._cut_off) == 2 and store.write_queue_bytes == BS
     res = trio.run(store.write_back, 5.0)
-    assert res == (4, 4 * BS, True)
-    assert store.write_queue_bytes == 0 and not store._queued
+    assert res == (6, 6 * BS, True) and store.written_back == [6, 6 * BS]
+    assert store.write_queue_bytes == 0 and not store._queued and not store._cut_off
     assert all(store.disk.contains(k) for k in keys)
     assert trio.run(store.write_back, 5.0) == (0, 0, True)      # nothing left to write
 
     be2, store2, obj2 = make(tmp_path, data, delay=0)            # the next mount
     _read_all_then_stop(store2, obj2, data)
-    assert be2.calls == [] and store2.stats.disk_hits == 4
+    assert be2.calls == [] and store2.stats.disk_hits == 6
 
 
 def test_write_back_starts_no_write_after_its_budget(tmp_path):
@@ -435,12 +440,16 @@ def test_write_back_starts_no_write_after_its_budget(tmp_path):
     store.write_queue_limit = 0
     _read_all_then_stop(store, obj, data)
     real_put = store.disk.put
+    gate = threading.Event()
 
-    def slow_put(bk, block):
-        time.sleep(0.3)
+    def slow_put(bk, block):               # the first writes outlast the budget
+        gate.wait(10)
         return real_put(bk, block)
     store.disk.put = slow_put
-    blocks, nbytes, complete = trio.run(store.write_back, 0.1)
+    timer = threading.Timer(2.0, gate.set)
+    timer.start()
+    blocks, nbytes, complete = trio.run(store.write_back, 1.0)
+    timer.join()
     assert not complete and blocks == WRITE_BACK_WRITERS
     be2, store2, obj2 = make(tmp_path, data, delay=0)            # every block reads right
     _read_all_then_stop(store2, obj2, data)
@@ -448,16 +457,22 @@ def test_write_back_starts_no_write_after_its_budget(tmp_path):
     assert len(be2.calls) == 12 - WRITE_BACK_WRITERS
 
 
-def test_write_back_writes_nothing_during_a_disk_outage(tmp_path):
-    data = payload(19, 2 * BS)
+def test_write_back_during_a_disk_outage_tries_once_and_after_one_writes(tmp_path):
+    """Review: a disk that refused a write earlier is tried (the outage may be over:
+    then everything is written and caching resumes); one still refusing stops the
+    writers after a write that fails at once, inside the disk's retry window."""
+    data = payload(19, 3 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
     store.write_queue_limit = 0
     _read_all_then_stop(store, obj, data)
     store.disk.writable = False
-    calls = []
-    store.disk.put = lambda bk, block: calls.append(bk)
-    assert trio.run(store.write_back, 5.0) == (0, 0, False)   # (both still in memory)
-    assert calls == []
+    store.disk._retry_at = time.monotonic() + 60        # still within the outage
+    assert trio.run(store.write_back, 5.0) == (0, 0, False)
+    assert store.disk.writable is False and not any(
+        store.disk.contains(BlockKey(obj.key, obj.version, i)) for i in range(3))
+    store.disk._retry_at = time.monotonic() - 1         # the retry is due: it works
+    assert trio.run(store.write_back, 5.0) == (3, 3 * BS, True)
+    assert store.disk.writable is True
 
 
 def test_the_daemon_writes_memory_back_after_the_unmount_and_says_so(tmp_path, caplog):
@@ -467,11 +482,14 @@ def test_the_daemon_writes_memory_back_after_the_unmount_and_says_so(tmp_path, c
     be, store, obj = make(tmp_path, data, delay=0)
     store.write_queue_limit = 0
     _read_all_then_stop(store, obj, data)
-    with caplog.at_level("INFO", logger="neuralcache.daemon"):
+    with caplog.at_level("INFO", logger="neuralcache"):
         trio.run(daemon._write_back, store)
-    assert all(store.disk.contains(BlockKey(obj.key, obj.version, i)) for i in range(3))
-    assert "wrote 3 blocks (0.2 MiB) held only in memory to the disk cache" in caplog.text
-    store.disk.put = None              # a bug in a write: logged, the unmount goes on
-    store.disk.drop(BlockKey(obj.key, obj.version, 0))
-    trio.run(daemon._write_back, store)
-    assert "disk cache write failed" in caplog.text
+        assert all(store.disk.contains(BlockKey(obj.key, obj.version, i))
+                   for i in range(3))
+        assert "wrote 3 blocks (0.2 MiB) held only in memory to the disk cache" in caplog.text
+
+        async def broken(budget_s):
+            raise RuntimeError("a bug")
+        store.write_back = broken        # a bug in it: logged, the unmount goes on
+        trio.run(daemon._write_back, store)
+        assert "writing memory to the disk cache failed" in caplog.text

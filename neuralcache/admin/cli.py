@@ -21,10 +21,11 @@ from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
 from ..errors import UserError
 from .background import start_daemon
 from .sizes import format_size
+from ..store.writeback import WRITE_BACK_S
 
 # How long `umount` waits for the daemon to exit after the unmount (cache writes are
 # atomic, and a writable mount's uploads were waited for before unmounting, so this
-# only bounds the wait for a tidy exit).
+# only bounds the wait for a tidy exit, which includes the daemon's WRITE_BACK_S).
 UMOUNT_WAIT_S = 30.0
 # `sync` and `umount` print a progress line this often while they wait (on a terminal).
 PROGRESS_S = 2.0
@@ -214,8 +215,14 @@ def cmd_umount(args: argparse.Namespace) -> int:
                             f"(see `fuser -vm {mp}`), or use --lazy")
         raise UserError(f"unmounting {mp} failed: {msg}")
     if pid:
-        deadline = time.monotonic() + UMOUNT_WAIT_S
-        while time.monotonic() < deadline and _alive(pid):
+        t0 = time.monotonic()
+        said = not sys.stderr.isatty()
+        while time.monotonic() < t0 + UMOUNT_WAIT_S and _alive(pid):
+            if not said and time.monotonic() > t0 + PROGRESS_S:
+                said = True
+                print(f"neuralcache: {mp} is unmounted; its daemon (pid {pid}) is writing "
+                      "blocks only its memory held to the disk cache (at most "
+                      f"{WRITE_BACK_S:.0f} s)", file=sys.stderr, flush=True)
             time.sleep(0.05)
     print(f"neuralcache: unmounted {mp}")
     return 0

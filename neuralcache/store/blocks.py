@@ -25,6 +25,7 @@ import trio
 
 from .. import cpuacct
 from . import limiter as lim
+from . import writeback
 from .tiers import BlockKey, DiskTier, MemoryTier
 from ..errors import BackendError, NotFound, Unavailable
 from ..stats import Stats
@@ -82,9 +83,6 @@ DISK_THREADS = 8
 # once; a block that finds them all busy goes through the writers.  0: every block
 # goes through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
-# Writers of ``write_back`` (at unmount): two at a time per core keep an O_DIRECT write
-# in flight while the other's checksum runs; the disk threads bound them anyway.
-WRITE_BACK_WRITERS = 4
 # Speculatively fetched blocks remembered, to count whether they were used.
 SPECULATIVE_MEMORY = 1 << 16
 
@@ -160,6 +158,7 @@ class BlockStore:
         self._queued: set[BlockKey] = set()     # blocks in the disk write queue
         self._let_go: set[BlockKey] = set()     # ... of those, dropped by ``consumed``
         self._cut_off: list = []    # (key, bytes) a writer took and the unmount stopped
+        self.written_back = [0, 0]  # blocks and bytes write_back wrote so far
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
 
@@ -198,10 +197,8 @@ class BlockStore:
         """After the unmount, ``run`` cancelled: write to the disk tier the blocks only
         memory or the write queue holds (their write was skipped with the queue full,
         failed, or had not run yet), most recently used first, so that the next mount
-        of this cache finds every block this one fetched.  No write starts after
-        ``budget_s`` seconds (or the caller's cancel); those under way finish, at most
-        WRITE_BACK_WRITERS, and disk.py's writes are atomic either way.  (blocks
-        written, bytes written, whether nothing is left unwritten)."""
+        of this cache finds them (store/writeback.py: the budget, an outage).
+        (blocks written, bytes written, whether nothing is left unwritten)."""
         todo: dict[BlockKey, object] = dict(self._cut_off)
         self._cut_off.clear()
         while True:                          # what the cancelled writers left queued
@@ -218,30 +215,8 @@ class BlockStore:
         for bk, data in self.mem.items():
             if bk not in todo and not self.disk.contains(bk):
                 todo[bk] = data
-        if not self.disk.writable:           # an outage: no write would take
-            return 0, 0, not todo
-        pending = iter(list(todo.items()))
-        done = [0, 0]        # blocks written, their bytes
-
-        async def writer():
-            for bk, data in pending:
-                if not self.disk.writable:   # an outage began: leave the rest
-                    return
-                try:
-                    ok = await trio.to_thread.run_sync(self.disk.put, bk, data,
-                                                       limiter=self._disk_threads)
-                except Exception:  # a cache failure is never a reader's failure
-                    log.exception("disk cache write failed")
-                    ok = False
-                if ok:
-                    done[0] += 1
-                    done[1] += len(data)
-
-        with trio.move_on_after(budget_s):
-            async with trio.open_nursery() as n:
-                for _ in range(WRITE_BACK_WRITERS):
-                    n.start_soon(writer)
-        return done[0], done[1], done[0] == len(todo)
+        return await writeback.write_blocks(self.disk, list(todo.items()), budget_s,
+                                            self._disk_threads, self.written_back)
 
     # -- geometry --------------------------------------------------------------------
     def nblocks(self, obj: Pinned) -> int:
