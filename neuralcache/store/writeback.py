@@ -9,13 +9,16 @@ import trio
 log = logging.getLogger(__name__)
 
 # After the unmount, at most this long writing to the disk tier the blocks only memory
-# held (BlockStore.write_back, called by the daemon): a 1 GiB memory tier at ~100-500 MB/s of
-# 8 MiB O_DIRECT writes (1 GiB took ~8 s with the disk throttled to 100 MB/s,
-# bench/RESULTS.md twenty-third sitting).  Within `neuralcache umount`'s 30 s wait for
-# the daemon and the systemd unit's TimeoutStopSec=60; a signal stops it sooner.
+# held (BlockStore.write_back, called by the daemon): the default 1 GiB memory tier on
+# a disk that takes 100 MB/s.  Measured (bench/RESULTS.md, twenty-third sitting): after
+# a cold 1 GiB read with the disk throttled to 100 MB/s, 99 blocks (792 MiB) in 8.3 s
+# (`neuralcache umount` 8.7 s); unthrottled, 1 block and 0.4 s.  Within `neuralcache
+# umount`'s 30 s wait for the daemon and the systemd unit's TimeoutStopSec=60; a signal
+# stops it sooner.
 WRITE_BACK_S = 10.0
-# Writers of ``write_back`` (at unmount): two at a time per core keep an O_DIRECT write
-# in flight while the other's checksum runs; the disk threads bound them anyway.
+# Writers of ``write_back`` (at unmount): two per core, so one can wait on the disk while
+# another checksums (a guess, not measured against other counts; the disk threads,
+# blocks.py DISK_THREADS, bound them anyway).
 WRITE_BACK_WRITERS = 4
 
 
