@@ -460,19 +460,60 @@ def test_write_back_starts_no_write_after_its_budget(tmp_path):
 def test_write_back_during_a_disk_outage_tries_once_and_after_one_writes(tmp_path):
     """Review: a disk that refused a write earlier is tried (the outage may be over:
     then everything is written and caching resumes); one still refusing stops the
-    writers after a write that fails at once, inside the disk's retry window."""
-    data = payload(19, 3 * BS)
+    writers after the writes under way (a write fails at once inside the disk's
+    retry window), not one try per block."""
+    data = payload(19, 12 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
     store.write_queue_limit = 0
     _read_all_then_stop(store, obj, data)
     store.disk.writable = False
     store.disk._retry_at = time.monotonic() + 60        # still within the outage
+    calls = []
+    real_put = store.disk.put
+
+    def counting_put(bk, block):
+        calls.append(bk)
+        return real_put(bk, block)
+    store.disk.put = counting_put
     assert trio.run(store.write_back, 5.0) == (0, 0, False)
+    assert len(calls) == WRITE_BACK_WRITERS              # one per writer, then stop
     assert store.disk.writable is False and not any(
-        store.disk.contains(BlockKey(obj.key, obj.version, i)) for i in range(3))
+        store.disk.contains(BlockKey(obj.key, obj.version, i)) for i in range(12))
     store.disk._retry_at = time.monotonic() - 1         # the retry is due: it works
-    assert trio.run(store.write_back, 5.0) == (3, 3 * BS, True)
+    assert trio.run(store.write_back, 5.0) == (12, 12 * BS, True)
     assert store.disk.writable is True
+
+
+def test_a_signal_stops_the_daemons_write_back_and_it_says_what_it_wrote(tmp_path, caplog):
+    """The writes under way finish, no other starts, and the log line counts them."""
+    import os
+    import signal
+
+    from neuralcache import daemon
+
+    data = payload(21, 12 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.write_queue_limit = 0
+    _read_all_then_stop(store, obj, data)
+    real_put = store.disk.put
+    timer = threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM))
+    first = threading.Lock()
+
+    def slow_put(bk, block):       # 3 rounds of 4 writes, 0.3 s each; the signal
+        if first.acquire(blocking=False):                 # comes in round 1
+            timer.start()
+        time.sleep(0.3)
+        return real_put(bk, block)
+    store.disk.put = slow_put
+    with caplog.at_level("INFO", logger="neuralcache"):
+        trio.run(daemon._write_back, store)
+    timer.join()
+    written = store.written_back[0]
+    assert written == WRITE_BACK_WRITERS                 # round 1 finished, no more
+    assert "signal 15: not writing the rest of memory to the disk cache" in caplog.text
+    assert (f"wrote {written} blocks" in caplog.text
+            and "(not all: time was up, a signal came or the disk refused them)"
+            in caplog.text)
 
 
 def test_the_daemon_writes_memory_back_after_the_unmount_and_says_so(tmp_path, caplog):

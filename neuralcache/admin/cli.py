@@ -220,9 +220,10 @@ def cmd_umount(args: argparse.Namespace) -> int:
         while time.monotonic() < t0 + UMOUNT_WAIT_S and _alive(pid):
             if not said and time.monotonic() > t0 + PROGRESS_S:
                 said = True
-                print(f"neuralcache: {mp} is unmounted; its daemon (pid {pid}) is writing "
-                      "blocks only its memory held to the disk cache (at most "
-                      f"{WRITE_BACK_S:.0f} s)", file=sys.stderr, flush=True)
+                print(f"neuralcache: waiting for the daemon of {mp} (pid {pid}) to exit; "
+                      "after the unmount it writes blocks only its memory held to the "
+                      f"disk cache, for up to {WRITE_BACK_S:.0f} s", file=sys.stderr,
+                      flush=True)
             time.sleep(0.05)
     print(f"neuralcache: unmounted {mp}")
     return 0
