@@ -14,6 +14,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -30,15 +31,20 @@ def nc(*args, env: dict) -> str:
 
 
 @contextlib.contextmanager
-def mounted(source: str, mnt: Path, *args, env: dict) -> Iterator[Path]:
+def mounted(source: str, mnt: Path, *args, env: dict,
+            timings: dict | None = None) -> Iterator[Path]:
     """``neuralcache mount SOURCE MNT ARGS`` (it returns once the mount serves); always
-    ``neuralcache umount MNT`` on the way out."""
+    ``neuralcache umount MNT`` on the way out, its seconds in ``timings["umount_s"]``
+    (it waits for the daemon to exit: the write-back to the disk cache included)."""
     mnt.mkdir(parents=True, exist_ok=True)
     nc("mount", source, mnt, *args, env=env)
     try:
         yield mnt
     finally:
+        t0 = time.monotonic()
         nc("umount", mnt, env=env)
+        if timings is not None:
+            timings["umount_s"] = time.monotonic() - t0
 
 
 def stats(mnt: Path) -> dict:

@@ -4,6 +4,7 @@ emulated WAN: the measurement every data-plane change proves itself with.
     python -m bench.breakdown [--size 1G] [--files 2000] [--file-size 100K]
                               [--readers 8] [--rtt-ms 60] [--out bench/out]
                               [--mount-args "--readahead-size 128M"]
+                              [--throttle-writes 100M] [--py-spy 100]
 
 Three workloads, in one run, each on a fresh mount of an empty cache (except warm-disk):
 
@@ -25,8 +26,14 @@ threads (hand-offs); and, from /proc, by thread (the trio thread, trio's worker 
 obstore's tokio runtime; a thread that exited during a workload is missing).  Also
 reported: FUSE requests per file by operation (less the requests of reading the stats
 file itself, measured in the same run), the kernel's read request sizes, and the WAN
-emulator's own CPU (it must not be the bottleneck).
-Writes breakdown.json.
+emulator's own CPU (it must not be the bottleneck), the MiB each workload fetched over
+the link (0 for a remount whose disk cache holds everything) and how long the `neuralcache
+umount` after it took (the daemon's write-back of memory to the disk cache included).
+``--throttle-writes`` slows every disk write of the run to that many bytes/s
+(bench/systems/throttle.py: a disk slower than the link); ``--py-spy HZ`` records each
+workload with ``py-spy record --native`` (blocking: it slows the daemon, so read its
+shares, not its rates) into OUT/<workload>.pyspy and prints the trio thread's heaviest
+frames.  Writes breakdown.json.
 """
 from __future__ import annotations
 
@@ -35,6 +42,8 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -51,12 +60,15 @@ from bench.systems.cpu import cpu_seconds, minor_faults, thread_cpu
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache
 from bench.systems.reads import read_hashed
+from bench.systems.throttle import throttled_writes
 from bench.wan import WanProxyProcess
 
 GIB = 1 << 30
 # Parts of cpu_s shown, in order (neuralcache/cpuacct.py); disk parts include checksum.
 PARTS = ("fetch", "disk_write", "disk_read", "checksum", "ahead", "loop_other",
          "worker_other")
+# py-spy, from this interpreter's environment (pip's bench extra).
+PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
 # Bytes the WAN emulator must carry in a workload for its CPU per GiB to be shown.
 WAN_RATE_MIN_BYTES = 1 << 20
 OPS = ("lookup", "getattr", "open", "read", "flush", "release")
@@ -77,16 +89,27 @@ def snapshot_requests(mnt: Path) -> dict:
     return _delta(stats(mnt).get("fuse_requests", {}), a.get("fuse_requests", {}))
 
 
-def measure(mnt: Path, proxy: WanProxyProcess, work) -> dict:
-    """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas."""
+def measure(mnt: Path, proxy: WanProxyProcess, work, spy: Path | None = None,
+            spy_hz: int = 0) -> dict:
+    """Run ``work()`` (returns (bytes, files, wrong)) against the mount; the deltas.
+    ``spy``: py-spy records the daemon meanwhile into that file at ``spy_hz``."""
     own = snapshot_requests(mnt)
     s0 = stats(mnt)
     p0, d0 = cpu_seconds(proxy.proc.pid), cpu_seconds(s0["pid"])
     f0 = minor_faults(s0["pid"])
     th0 = thread_cpu(s0["pid"])
+    rec = None
+    if spy is not None:
+        rec = subprocess.Popen([PY_SPY, "record", "--native", "-r", str(spy_hz), "-f",
+                                "raw", "-o", str(spy), "-p", str(s0["pid"])],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(1.0)                          # attached before the workload starts
     t0 = time.perf_counter()
     nbytes, nfiles, wrong = work()
     secs = time.perf_counter() - t0
+    if rec is not None:
+        rec.send_signal(signal.SIGINT)
+        rec.wait(120)
     s1 = stats(mnt)
     # a daemon without cpu_s (older code, for a before/after): its process total only
     cpu = _delta(s1.get("cpu_s") or {}, s0.get("cpu_s") or {}) or \
@@ -122,6 +145,29 @@ def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: 
     return nbytes, len(order), wrong
 
 
+PLUMBING = ("__Pyx", "__pyx_gb", "Py_", "async_wrapper", "_edge", "0x")
+
+
+def spy_summary(raw: Path, top: int = 12) -> list[str]:
+    """The trio thread's heaviest frames (inclusive share of its samples) in a py-spy
+    raw (collapsed stacks) file: the thread whose stacks hold trio's run loop."""
+    stacks = []
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if "unrolled_run" in stack:
+            stacks.append(([f.split(" (")[0] for f in stack.split(";")], int(n)))
+    total = sum(n for _, n in stacks)
+    incl: dict[str, int] = {}
+    for frames, n in stacks:
+        for f in set(frames):
+            incl[f] = incl.get(f, 0) + n
+    # frames every sample has (the loop's own outer frames) and pyfuse3's coroutine
+    # plumbing (Cython generator frames around every handler) say nothing
+    heavy = sorted((kv for kv in incl.items() if kv[1] < 0.9 * total
+                    and not kv[0].startswith(PLUMBING)), key=lambda kv: -kv[1])
+    return [f"{100 * n / total:5.1f} %  {f}" for f, n in heavy[:top]] if total else []
+
+
 def report(rows: dict) -> str:
     lines = []
     head = (f"{'workload':14} {'rate':>14} {'CPU s':>7} {'per':>11}  " +
@@ -155,6 +201,12 @@ def report(rows: dict) -> str:
         threads = ", ".join(f"{k} {v / per:.3f}" for k, v in sorted(
             r.get("threads", {}).items(), key=lambda kv: -kv[1]))
         lines.append(f"{name}: CPU by thread ({unit}): {threads}")
+        lines.append(f"{name}: fetched over the link {r['bytes_fetched'] / 2**20:.0f} MiB; "
+                     f"the umount after it {r.get('umount_s', float('nan')):.1f} s")
+        if r.get("pyspy"):
+            lines.append(f"{name}: py-spy, the trio thread's heaviest frames "
+                         f"({r['pyspy']['file']}):")
+            lines += [f"    {x}" for x in r["pyspy"]["top"]]
     return "\n".join(lines)
 
 
@@ -169,7 +221,25 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/out", help="directory for breakdown.json")
     ap.add_argument("--mount-args", default="",
                     help="extra `neuralcache mount` options, e.g. \"--readahead-size 128M\"")
+    ap.add_argument("--throttle-writes", default=None, metavar="SIZE",
+                    help="throttle every disk write of the run to SIZE per second, e.g. "
+                         "100M (cgroup v1 blkio, root): a disk slower than the link")
+    ap.add_argument("--py-spy", type=int, default=0, metavar="HZ",
+                    help="record each workload with py-spy --native at HZ samples/s "
+                         "(slows the daemon: shares, not rates)")
     a = ap.parse_args(argv)
+    if a.py_spy and not os.path.exists(PY_SPY):
+        raise SystemExit("--py-spy needs py-spy next to this Python: pip install py-spy "
+                         "(the bench extra has it)")
+    if a.throttle_writes:       # the disk the run's temporary directory is on
+        with throttled_writes(tempfile.gettempdir(),
+                              parse_size(a.throttle_writes)) as what:
+            print(f"breakdown: {what}", flush=True)
+            return _run(a)
+    return _run(a)
+
+
+def _run(a) -> int:
     size, fsize = parse_size(a.size), parse_size(a.file_size)
     work = Path(tempfile.mkdtemp(prefix="nc-breakdown-"))
     out = Path(a.out)
@@ -199,11 +269,18 @@ def main(argv=None) -> int:
                 list(pool.map(put, names))
             env = dict(os.environ, **sw.env(), NEURALCACHE_CPU_ACCOUNTING="1")
             with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
-                def mount(cache):
+                def mount(cache, timings=None):
                     return mounted("s3://breakdown", work / "mnt", "--endpoint-url",
                                    proxy.endpoint, "--cache-dir", work / cache,
                                    "--cache-size", str(2 * size + a.files * fsize),
-                                   *a.mount_args.split(), env=env)
+                                   *a.mount_args.split(), env=env, timings=timings)
+
+                def run(name, mnt, fn, t):
+                    spy = out / f"{name.replace(' ', '-')}.pyspy" if a.py_spy else None
+                    rows[name] = measure(mnt, proxy, fn, spy, a.py_spy)
+                    rows[name]["umount"] = t
+                    if spy is not None and spy.exists():
+                        rows[name]["pyspy"] = {"file": str(spy), "top": spy_summary(spy)}
 
                 def bigread(mnt):
                     def run():
@@ -212,30 +289,36 @@ def main(argv=None) -> int:
                     return run
 
                 drop_page_cache()
-                with mount("c1") as mnt:
-                    rows["bigfile cold"] = measure(mnt, proxy, bigread(mnt))
+                t = {}
+                with mount("c1", t) as mnt:
+                    run("bigfile cold", mnt, bigread(mnt), t)
                     time.sleep(1.0)                  # background disk writes land
                 drop_page_cache()
-                with mount("c1") as mnt:
-                    rows["bigfile disk"] = measure(mnt, proxy, bigread(mnt))
+                t = {}
+                with mount("c1", t) as mnt:
+                    run("bigfile disk", mnt, bigread(mnt), t)
                 if names:
                     drop_page_cache()
-                    with mount("c2") as mnt:
-                        rows["files cold"] = measure(
-                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 1))
+                    t = {}
+                    with mount("c2", t) as mnt:
+                        run("files cold", mnt,
+                            lambda: read_files(mnt, names, digests, a.readers, 1), t)
                         # the next epochs, page cache warm (bench's "samples warm"): the
                         # first right after the cold one, the second after that
-                        rows["files warm"] = measure(
-                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 2))
-                        rows["files warm 2"] = measure(
-                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 3))
+                        run("files warm", mnt,
+                            lambda: read_files(mnt, names, digests, a.readers, 2), t)
+                        run("files warm 2", mnt,
+                            lambda: read_files(mnt, names, digests, a.readers, 3), t)
                         time.sleep(1.0)                  # background disk writes land
                     drop_page_cache()
-                    with mount("c2") as mnt:
-                        rows["files disk"] = measure(
-                            mnt, proxy, lambda: read_files(mnt, names, digests, a.readers, 4))
+                    t = {}
+                    with mount("c2", t) as mnt:
+                        run("files disk", mnt,
+                            lambda: read_files(mnt, names, digests, a.readers, 4), t)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    for r in rows.values():         # the umount timing lands once its mount is gone
+        r["umount_s"] = r.pop("umount").get("umount_s")
     print(f"CPU breakdown, {a.rtt_ms:.0f} ms RTT, {size / GIB:.2f} GiB file, {a.files} x "
           f"{fsize // 1024} KiB files, {a.readers} readers")
     print(report(rows))

@@ -10,11 +10,11 @@ log = logging.getLogger(__name__)
 
 # After the unmount, at most this long writing to the disk tier the blocks only memory
 # held (BlockStore.write_back, called by the daemon): the default 1 GiB memory tier on
-# a disk that takes 100 MB/s.  Measured (bench/RESULTS.md, twenty-third sitting): after
-# a cold 1 GiB read with the disk throttled to 100 MB/s, 99 blocks (792 MiB) in 8.3 s
-# (`neuralcache umount` 8.7 s); unthrottled, 1 block and 0.4 s.  Within `neuralcache
-# umount`'s 30 s wait for the daemon and the systemd unit's TimeoutStopSec=60; a signal
-# stops it sooner.
+# a disk that takes ~100 MB/s.  `python -m bench.breakdown --size 1G --files 0
+# --throttle-writes 100M`: the umount after a cold 1 GiB read took 7.6-8.0 s and the
+# next mount fetched nothing; unthrottled 0.3 s (bench/RESULTS.md, twenty-third
+# sitting).  Within `neuralcache umount`'s 30 s wait for the daemon and the systemd
+# unit's TimeoutStopSec=60; a signal stops it sooner.
 WRITE_BACK_S = 10.0
 # Writers of ``write_back`` (at unmount): two per core, so one can wait on the disk while
 # another checksums (a guess, not measured against other counts; the disk threads,

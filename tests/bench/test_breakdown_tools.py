@@ -1,0 +1,32 @@
+"""bench.breakdown's py-spy summary and the write throttle's disk lookup (no mount)."""
+import os
+
+from bench.systems.throttle import _disk_of
+from bench.tools.breakdown import report, spy_summary
+
+
+def test_spy_summary_keeps_the_trio_threads_own_frames_without_plumbing(tmp_path):
+    raw = tmp_path / "w.pyspy"
+    raw.write_text(
+        "main;run;unrolled_run;__Pyx_Coroutine_SendEx;Operations.read (ops.py:1);"
+        "fuse_reply_buf;writev (libc.so.6) 3\n"
+        "main;run;unrolled_run;epoll_wait (libc.so.6) 1\n"
+        "worker;Thread._bootstrap;preadv64v2 (libc.so.6) 50\n")
+    top = spy_summary(raw)          # (ties in any order)
+    assert top[3] == " 25.0 %  epoll_wait"
+    assert sorted(top[:3]) == [" 75.0 %  Operations.read", " 75.0 %  fuse_reply_buf",
+                               " 75.0 %  writev"]
+
+
+def test_report_gives_fetched_mib_and_the_umount_time():
+    row = {"seconds": 1.0, "bytes": 1 << 30, "files": 1, "cpu": {"total": 1.0},
+           "fuse_requests": {}, "fuse_read_sizes": {}, "bytes_fetched": 3 << 20,
+           "proxy_cpu": 0.1, "minor_faults": 0, "umount_s": 7.6}
+    assert "big: fetched over the link 3 MiB; the umount after it 7.6 s" in report(
+        {"big": row})
+
+
+def test_the_throttle_finds_the_disk_a_path_is_on(tmp_path):
+    maj, mi = _disk_of(tmp_path).split(":")
+    assert int(maj) >= 0 and int(mi) >= 0
+    assert os.path.exists(f"/sys/dev/block/{maj}:{mi}")
