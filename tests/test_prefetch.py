@@ -104,6 +104,37 @@ def test_planned_files_are_not_fetched_again():
     assert be.calls == []
 
 
+def test_no_prediction_backs_off_until_a_miss_or_a_prediction_to_start():
+    """An empty answer (every file of the epoch planned) is asked again less and less
+    often: each of 3,000 opens of a small-file epoch used to ask.  A read that waited
+    on the remote plans at once, and a start resets the backoff."""
+    ns, be, store, pf = setup([], [("a", 10)])
+    asked = []
+    predict = pf.predictor.predict
+    pf.predictor.predict = lambda n: asked.append(n) or predict(n)
+
+    def opens(k):
+        for i in range(k):
+            pf.on_open(f"elsewhere/x{i}", 1, 1)
+
+    def body():
+        opens(40)
+        quiet = len(asked)
+        store.stats.disk_misses += 1        # a reader waited on the remote
+        opens(1)
+        after_miss = len(asked) - quiet
+        pf.predictor.preds = [P("a", 0, 10, 1.0, 1.0, "epochset")]
+        store.stats.disk_misses += 1
+        opens(3)                               # starts "a": no backoff after a start
+        return quiet, after_miss
+
+    out = {}
+    run(store, lambda: out.update(zip(("quiet", "after_miss"), body())))
+    assert out["quiet"] <= 7               # 1, 2, 4, 8, 16, 32: not 40
+    assert out["after_miss"] == 1
+    assert [k for k, _, _ in be.calls] == ["a"]
+
+
 def test_a_warm_open_plans_nothing_and_is_observed_when_the_predictor_is_needed():
     """The kernel holds the file's pages: its read never reaches the daemon, so the
     open costs no planning and the predictor sees it only before it is next asked
