@@ -23,7 +23,10 @@ CPU is split into fetch (S3 GETs), disk write and read (with the checksum, also 
 alone), read-ahead/prefetch decisions, the rest of the trio thread (FUSE handlers, the
 block store and memory tier, pyfuse3's request loop, trio) and the rest of the worker
 threads (hand-offs); and, from /proc, by thread (the trio thread, trio's worker threads,
-obstore's tokio runtime; a thread that exited during a workload is missing).  Also
+obstore's tokio runtime; /proc counts each thread's CPU in whole clock ticks, so the
+many briefly busy fetch threads of a small-file workload show far less than they used,
+and a thread that exited is missing: the line ends with what the groups leave of the
+process total).  Also
 reported: FUSE requests per file by operation (less the requests of reading the stats
 file itself, measured in the same run), the kernel's read request sizes, and the WAN
 emulator's own CPU (it must not be the bottleneck), the MiB each workload fetched over
@@ -198,8 +201,16 @@ def report(rows: dict) -> str:
         lines.append(f"{name}: FUSE requests per file: {reqs}; read sizes: {sizes}")
         big = r["files"] <= 1
         per, unit = (r["bytes"] / GIB, "s/GiB") if big else (n / 1000.0, "ms/f")
+        th = r.get("threads", {})
         threads = ", ".join(f"{k} {v / per:.3f}" for k, v in sorted(
-            r.get("threads", {}).items(), key=lambda kv: -kv[1]))
+            th.items(), key=lambda kv: -kv[1]))
+        # /proc gives each thread's CPU in whole clock ticks, so a hundred fetch
+        # threads busy a few ms each show next to nothing; the process total does not
+        # round per thread (nor lose threads that exited)
+        rest = r["cpu"].get("total", 0.0) - sum(th.values())
+        if th and rest > 0:
+            threads += f"; not in these (tick rounding per thread, exited threads) " \
+                       f"{rest / per:.3f}"
         lines.append(f"{name}: CPU by thread ({unit}): {threads}")
         lines.append(f"{name}: fetched over the link {r['bytes_fetched'] / 2**20:.0f} MiB; "
                      f"the umount after it {r.get('umount_s', float('nan')):.1f} s")

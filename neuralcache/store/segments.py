@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -380,7 +379,9 @@ def punch_hole(fd: int, offset: int, nbytes: int) -> None:
     OSError (EOPNOTSUPP where the filesystem cannot)."""
     global _libc
     if _libc is None:
-        lib = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        # the C library this process already has (dlopen(NULL)): find_library("c")
+        # runs ldconfig in a subprocess, a fork of the daemon from a disk thread
+        lib = ctypes.CDLL(None, use_errno=True)
         lib.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64,
                                   ctypes.c_int64)
         _libc = lib

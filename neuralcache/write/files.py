@@ -15,7 +15,6 @@ takes its gate in the same step is first.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import time
 from dataclasses import dataclass, field
@@ -178,8 +177,9 @@ def pwrite_all(fd: int, data: bytes, offset: int, writeback: bool = False) -> No
 
 def _sync_file_range():
     try:
-        f = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6",
-                        use_errno=True).sync_file_range
+        # the C library this process already has (dlopen(NULL)), without
+        # find_library's ldconfig subprocess
+        f = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):       # not glibc/Linux: no early writeback
         return None
     f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]

@@ -30,3 +30,15 @@ def test_the_throttle_finds_the_disk_a_path_is_on(tmp_path):
     maj, mi = _disk_of(tmp_path).split(":")
     assert int(maj) >= 0 and int(mi) >= 0
     assert os.path.exists(f"/sys/dev/block/{maj}:{mi}")
+
+
+def test_report_names_the_cpu_the_thread_groups_leave_out():
+    """/proc rounds each thread's CPU to whole ticks: 100 fetch threads busy 5 ms each
+    show ~0; the line says how much of the process total the groups miss."""
+    row = {"seconds": 1.0, "bytes": 1000, "files": 1000, "cpu": {"total": 1.3},
+           "fuse_requests": {}, "fuse_read_sizes": {}, "bytes_fetched": 0,
+           "proxy_cpu": 0.1, "minor_faults": 0, "umount_s": 0.3,
+           "threads": {"trio loop (main)": 0.6, "trio workers": 0.1}}
+    line = [x for x in report({"files": row}).splitlines() if "CPU by thread" in x][0]
+    assert line.endswith("trio loop (main) 0.600, trio workers 0.100; not in these "
+                         "(tick rounding per thread, exited threads) 0.600")
