@@ -20,6 +20,9 @@
         buffer is not simply reused by the next GET.  Then the anatomy of the urllib3
         path: the request's CPU (1-byte GETs) and fresh memory + one copy.  awscrt is
         in the bench extra; obstore is a dependency, s3torchconnector a peer.
+    python -m bench.micro small-gets [--n 2000] [--inflight 16,128] [--rounds 2]
+        CPU per 100 KB GET over the WAN emulator: the daemon's worker thread per GET
+        (obstore get) against one asyncio thread beside trio (obstore get_async).
     python -m bench.micro lru-leak [--n 300]
         RSS growth of evicting n 1 MiB values from lru-dict with popitem() vs
         peek_last_item() + del (the memory tier uses the latter).
@@ -525,6 +528,11 @@ def main(argv=None) -> int:
     gb.add_argument("--rtt-ms", type=float, default=60.0)
     gb.add_argument("--rounds", type=int, default=2)
     gb.add_argument("--clients", default="", help="substrings of client names")
+    sg = sub.add_parser("small-gets")
+    sg.add_argument("--n", type=int, default=2000)
+    sg.add_argument("--inflight", default="16,128")
+    sg.add_argument("--rtt-ms", type=float, default=60.0)
+    sg.add_argument("--rounds", type=int, default=2)
     le = sub.add_parser("lru-leak")
     le.add_argument("--n", type=int, default=300)
     pc = sub.add_parser("prefetch-cpu")
@@ -559,6 +567,9 @@ def main(argv=None) -> int:
     elif a.what == "get-big":
         get_big(a.gib, [int(k) for k in a.inflight.split(",")], a.rtt_ms, a.rounds,
                 [c for c in a.clients.split(",") if c] or None)
+    elif a.what == "small-gets":
+        from .micro_gets import small_gets
+        small_gets(a.n, [int(k) for k in a.inflight.split(",")], a.rtt_ms, a.rounds)
     elif a.what == "warm-opens":
         from .micro_paths import warm_opens
         warm_opens(a.files, a.opens)
