@@ -311,6 +311,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "files": ns.files, "dataset_bytes": ns.total_bytes, **lister.stats(),
                  "hints": prefetcher.hints_set, "open_handles": ops.open_handles(),
                  "warm_opens_unseen": prefetcher.warm_opens_unseen,
+                 "prefetch_plans": prefetcher.plans,
+                 "prefetch_plans_empty": prefetcher.plans_empty,
                  "pages_dropped": ops.pages.dropped,
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,

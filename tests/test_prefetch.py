@@ -133,6 +133,8 @@ def test_no_prediction_backs_off_until_a_miss_or_a_prediction_to_start():
     assert out["quiet"] <= 7               # 1, 2, 4, 8, 16, 32: not 40
     assert out["after_miss"] == 1
     assert [k for k, _, _ in be.calls] == ["a"]
+    assert pf.plans == len(asked)           # the stats' prefetch_plans, _empty
+    assert pf.plans_empty == out["quiet"] + out["after_miss"]
 
 
 def test_a_warm_open_plans_nothing_and_is_observed_when_the_predictor_is_needed():

@@ -77,7 +77,8 @@ WAN_RATE_MIN_BYTES = 1 << 20
 OPS = ("lookup", "getattr", "open", "read", "flush", "release")
 # What the prefetcher did in a workload (the daemon's stats; deltas).
 PREFETCH_STATS = ("prefetch_bytes_fetched", "prefetch_bytes_used", "readahead_bytes_fetched",
-                  "readahead_bytes_used", "demand_hit_bytes")
+                  "readahead_bytes_used", "demand_hit_bytes", "prefetch_plans",
+                  "prefetch_plans_empty")
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -212,6 +213,10 @@ def report(rows: dict) -> str:
             threads += f"; not in these (tick rounding per thread, exited threads) " \
                        f"{rest / per:.3f}"
         lines.append(f"{name}: CPU by thread ({unit}): {threads}")
+        pf = r.get("prefetch", {})
+        if pf.get("prefetch_plans"):
+            lines.append(f"{name}: prefetch plans (the predictor asked) {pf['prefetch_plans']}"
+                         f", with nothing to fetch {pf.get('prefetch_plans_empty', 0)}")
         lines.append(f"{name}: fetched over the link {r['bytes_fetched'] / 2**20:.0f} MiB; "
                      f"the umount after it {r.get('umount_s', float('nan')):.1f} s")
         if r.get("pyspy"):

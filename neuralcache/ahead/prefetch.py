@@ -46,9 +46,12 @@ PUMP_EVERY_READS = 16
 # classified), the next pumps are skipped, doubling up to this many events, until a read
 # misses the cache (a cold open waiting on the remote plans at once).  An empty answer
 # was not backed off when it only meant "not classified yet"; since the epoch-set
-# predictor leaves out planned files it mostly means "all planned", and asking again
-# on every open was most of the pumps of a small-file epoch (bench.breakdown --files
-# 3000 "files disk": 2,694 of 2,762 predictions empty, ~40 us each).
+# predictor leaves out planned files it mostly means "all planned", and it was asked
+# again at nearly every open of a small-file epoch (`python -m
+# bench.breakdown --size 8M --files 3000`, "files disk": 3,000 opens; its "prefetch
+# plans" line, the stats' prefetch_plans and prefetch_plans_empty, now 233 and 51; the
+# "ahead" CPU 0.148 -> 0.120 ms per file, means of four alternating pairs,
+# bench/RESULTS.md).
 MAX_IDLE_SKIP = 64
 # When a pump finds at least LEAD_MIN predictions in a row already cached or on their
 # way before anything new to start, the job is that far behind the prefetch front: skip
@@ -143,6 +146,8 @@ class Prefetcher:
         # fell off the ring unseen
         self._deferred: collections.deque = collections.deque(maxlen=WARM_DEFER_MAX)
         self.warm_opens_unseen = 0
+        self.plans = 0            # times the predictor was asked (stats: prefetch_plans)
+        self.plans_empty = 0      # ... and answered nothing
         self._skip = 0          # pumps to skip (backoff while there is nothing to do)
         self._backoff = 0
         self._misses_seen = 0
@@ -360,6 +365,8 @@ class Prefetcher:
             log.exception("predictor failed; prefetch disabled")
             self.enabled = False
             return
+        self.plans += 1
+        self.plans_empty += not preds
         started = 0
         lead = 0            # predictions already cached/planned before the first start
         target = floor
