@@ -56,7 +56,8 @@ class Stats:
     singleflight_joins: int = 0
     hedged_requests: int = 0
     disk_writes_skipped: int = 0   # fetched blocks not written: disk write queue full
-    disk_writes_late: int = 0      # memory-only blocks queued when the reader left them
+    disk_writes_late: int = 0      # memory-only blocks queued when the reader left
+                                   # them, or as memory evicted them
     # small files handed to the kernel page cache at open (fs/operations.py _push):
     # each one is a READ request the kernel does not send
     pushed_files: int = 0

@@ -373,6 +373,45 @@ def test_a_skipped_block_queued_late_comes_back_to_memory_if_that_write_fails(tm
     assert run_with_store(store, fn) == 2       # never fetched again
 
 
+def test_a_block_only_memory_holds_goes_to_the_disk_when_memory_evicts_it(tmp_path):
+    """A block whose write was skipped (queue full) and that no reader left behind
+    stays in memory only; when the memory tier's bound evicts it, it is queued for
+    the disk if the queue has room then (``_late_room``, as for ``consumed``: its
+    outage case is tested there), and the next read comes from disk.  With the queue
+    full it goes (fetched again later)."""
+    data = payload(17, 4 * BS)
+    be, store, obj = make(tmp_path, data, mem=2 * BS, delay=0)
+    keys = [BlockKey(obj.key, obj.version, i) for i in range(4)]
+    limit = store.write_queue_limit
+
+    async def drained():
+        while store.write_queue_bytes:
+            await trio.sleep(0.01)
+
+    async def fn():
+        store.write_queue_limit = 0                 # every write skipped
+        for i in (0, 1):
+            assert await store.read(obj, i * BS, BS) == data[i * BS:(i + 1) * BS]
+        assert store.stats.disk_writes_skipped == 2
+        store.write_queue_limit = limit             # room again; block 2 evicts 0
+        assert await store.read(obj, 2 * BS, BS) == data[2 * BS:3 * BS]
+        assert store.stats.disk_writes_late == 1
+        await drained()
+        assert store.disk.contains(keys[0]) and store.mem.get(keys[0]) is None
+        store.write_queue_limit = 0                 # full again: block 3 evicts 1 ...
+        assert await store.read(obj, 3 * BS, BS) == data[3 * BS:4 * BS]
+        assert store.stats.disk_writes_late == 1    # ... which goes
+        assert store.mem.get(keys[1]) is None and not store.disk.contains(keys[1])
+        store.write_queue_limit = limit
+        fetched = len(be.calls)
+        assert await store.read(obj, 0, BS) == data[:BS]      # from the disk tier
+        assert len(be.calls) == fetched
+        assert await store.read(obj, BS, BS) == data[BS:2 * BS]   # fetched again
+        return len(be.calls) - fetched
+
+    assert run_with_store(store, fn) == 1
+
+
 def test_without_a_disk_tier_a_block_left_behind_stays_in_memory(tmp_path):
     data = payload(13, 2 * BS)
     be, store, obj = make(tmp_path, data, disk=False, delay=0)

@@ -50,7 +50,8 @@ COUNTERS = {
                                               "tier on arrival (its write queue full)"),
     "neuralcache_disk_writes_late_total": ("disk_writes_late",
                                            "Blocks in memory only (write skipped or "
-                                           "failed) queued once their reader left them"),
+                                           "failed) queued once their reader left them "
+                                           "or as memory evicted them"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
     "neuralcache_pushed_files_total": ("pushed_files",

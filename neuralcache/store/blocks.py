@@ -65,10 +65,11 @@ HEDGE_MIN_S = 0.5
 HEDGE_MAX_S = 4.0
 # Pending background disk writes, in bytes: a quarter of the memory tier (the queue
 # holds blocks beyond the memory bound), at least 8 blocks (one multi-block read plus
-# read-ahead), at most 64 MiB.  Past
-# it, fetched blocks are served but not written (the disk is slower than the link),
-# which costs a refetch later, never a reader's time.  Measured: an entry-bounded
-# queue of 64 blocks held ~100 MB beyond a 16 MiB memory tier under 16 random readers.
+# read-ahead), at most 64 MiB.  Past it a fetched block is served and its write skipped
+# (the disk is slower than the link); it is queued late when its reader leaves it, when
+# memory evicts it or at unmount, if there is room then, else fetched again later,
+# never at a reader's cost.  Measured: an entry-bounded queue of 64 blocks held ~100 MB
+# beyond a 16 MiB memory tier under 16 random readers.
 DISK_WRITE_QUEUE_MAX = 64 << 20
 DISK_WRITE_QUEUE_MIN_BLOCKS = 8
 DISK_WRITE_QUEUE_ENTRIES = 1024
@@ -161,6 +162,8 @@ class BlockStore:
         self.written_back = [0, 0]  # blocks and bytes write_back wrote so far
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
+        if disk is not None:
+            mem.evicting = self._evicting
 
     # -- lifecycle -------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -343,12 +346,10 @@ class BlockStore:
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
-        is the only copy.  A block in memory only (its disk write was skipped when it
-        arrived, the queue full: the disk was behind; or that write failed) is queued
-        now if the disk takes writes and the queue has room for a whole block, and else
-        stays in memory.  A block let go while its write is queued is remembered
-        (``_let_go``, bounded by the queue) so that ``_disk_writer`` puts it back if
-        that write fails."""
+        is the only copy.  A block in memory only (its write skipped, the queue full:
+        the disk was behind; or failed) is queued now if ``_late_room``, else stays.  A
+        block let go while its write is queued is remembered (``_let_go``, bounded by
+        the queue) so that ``_disk_writer`` puts it back if that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
         if self.disk is None:
             return
@@ -357,14 +358,28 @@ class BlockStore:
                 self.mem.drop(bk)
                 return
             if (bk not in self.mem        # (these checks leave the LRU order alone)
-                    or not self.disk.writable       # (a disk outage: it stays)
-                    or self.write_queue_bytes + self.block_size > self.write_queue_limit
+                    or not self._late_room()        # (a disk outage: it stays)
                     or not self._queue_write(bk, self.mem.get(bk))):
                 return
             self.stats.disk_writes_late += 1
         if bk in self.mem:
             self._let_go.add(bk)
             self.mem.drop(bk)
+
+    def _late_room(self) -> bool:
+        """A block only memory holds may be queued for the disk now: the disk takes
+        writes and the queue keeps room for a whole block after it."""
+        return self.disk.writable and \
+            self.write_queue_bytes + self.block_size <= self.write_queue_limit
+
+    def _evicting(self, bk: BlockKey, data) -> None:
+        """The memory tier's bound evicts ``bk``: if memory held its only copy (see
+        ``consumed``), its last chance to reach the disk tier before a read fetches it
+        again; queued on the same conditions, and a failed write of it does not bring
+        it back (the bound holds)."""
+        if bk not in self._queued and self._late_room() and not self.disk.contains(bk) \
+                and self._queue_write(bk, data):
+            self.stats.disk_writes_late += 1
 
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
         entry = self._speculative.pop(bk, None)

@@ -38,6 +38,9 @@ class MemoryTier:
         # called with each block's bytes as the tier lets go of them (evicted, dropped
         # or replaced): buffers.Recycler.give
         self._release = release or (lambda data: None)
+        # called with (key, bytes) of each block the byte bound evicts, before it goes
+        # (BlockStore._evicting: a block only memory holds goes to the disk writers)
+        self.evicting = None
 
     def get(self, bk: BlockKey) -> bytes | None:
         """The block's bytes, now the most recently used; None if not held."""
@@ -63,6 +66,8 @@ class MemoryTier:
             victim_key, victim = self._lru.peek_last_item()
             del self._lru[victim_key]
             self.used -= len(victim)
+            if self.evicting is not None:
+                self.evicting(victim_key, victim)
             self._release(victim)
 
     def drop(self, bk: BlockKey) -> None:
