@@ -30,7 +30,8 @@ process total).  Also
 reported: FUSE requests per file by operation (less the requests of reading the stats
 file itself, measured in the same run), the kernel's read request sizes, and the WAN
 emulator's own CPU (it must not be the bottleneck), the MiB each workload fetched over
-the link (0 for a remount whose disk cache holds everything) and how long the `neuralcache
+the link (0 for a remount whose disk cache holds everything), the disk writes skipped
+(queue full) and queued late, and how long the `neuralcache
 umount` after it took (the daemon's write-back of memory to the disk cache included).
 ``--throttle-writes`` slows every disk write of the run to that many bytes/s
 (bench/systems/throttle.py: a disk slower than the link); ``--py-spy HZ`` records each
@@ -75,6 +76,9 @@ PY_SPY = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable),
 # Bytes the WAN emulator must carry in a workload for its CPU per GiB to be shown.
 WAN_RATE_MIN_BYTES = 1 << 20
 OPS = ("lookup", "getattr", "open", "read", "flush", "release")
+# Disk writes skipped (queue full) and queued late (their reader left them, or memory
+# evicted them), per workload (the daemon's stats; deltas).
+DISK_WRITE_STATS = ("disk_writes_skipped", "disk_writes_late")
 # What the prefetcher did in a workload (the daemon's stats; deltas).
 PREFETCH_STATS = ("prefetch_bytes_fetched", "prefetch_bytes_used", "readahead_bytes_fetched",
                   "readahead_bytes_used", "demand_hit_bytes", "prefetch_plans",
@@ -125,6 +129,7 @@ def measure(mnt: Path, proxy: WanProxyProcess, work, spy: Path | None = None,
                                       s0.get("fuse_read_sizes", {})),
             "bytes_fetched": s1["bytes_fetched"] - s0["bytes_fetched"],
             "prefetch": {k: s1.get(k, 0) - s0.get(k, 0) for k in PREFETCH_STATS},
+            "disk_writes": {k: s1.get(k, 0) - s0.get(k, 0) for k in DISK_WRITE_STATS},
             "proxy_cpu": cpu_seconds(proxy.proc.pid) - p0,
             "threads": {k: round(v - th0.get(k, 0.0), 3)
                         for k, v in thread_cpu(s1["pid"]).items() if v - th0.get(k, 0.0) > 0},
@@ -217,8 +222,11 @@ def report(rows: dict) -> str:
         if pf.get("prefetch_plans"):
             lines.append(f"{name}: prefetch plans (the predictor asked) {pf['prefetch_plans']}"
                          f", with nothing to fetch {pf.get('prefetch_plans_empty', 0)}")
+        dw = r.get("disk_writes", {})
+        skipped = f"disk writes skipped {dw['disk_writes_skipped']}, queued late " \
+            f"{dw.get('disk_writes_late', 0)}; " if dw.get("disk_writes_skipped") else ""
         lines.append(f"{name}: fetched over the link {r['bytes_fetched'] / 2**20:.0f} MiB; "
-                     f"the umount after it {r.get('umount_s', float('nan')):.1f} s")
+                     f"{skipped}the umount after it {r.get('umount_s', float('nan')):.1f} s")
         if r.get("pyspy"):
             lines.append(f"{name}: py-spy, the trio thread's heaviest frames "
                          f"({r['pyspy']['file']}):")

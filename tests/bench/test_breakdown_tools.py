@@ -42,3 +42,12 @@ def test_report_names_the_cpu_the_thread_groups_leave_out():
     line = [x for x in report({"files": row}).splitlines() if "CPU by thread" in x][0]
     assert line.endswith("trio loop (main) 0.600, trio workers 0.100; not in these "
                          "(tick rounding per thread, exited threads) 0.600")
+
+
+def test_report_gives_the_disk_writes_skipped_and_queued_late():
+    row = {"seconds": 1.0, "bytes": 1000, "files": 1000, "cpu": {"total": 1.0},
+           "fuse_requests": {}, "fuse_read_sizes": {}, "bytes_fetched": 5 << 20,
+           "proxy_cpu": 0.1, "minor_faults": 0, "umount_s": 2.5,
+           "disk_writes": {"disk_writes_skipped": 40, "disk_writes_late": 12}}
+    assert "files: fetched over the link 5 MiB; disk writes skipped 40, queued late 12; " \
+        "the umount after it 2.5 s" in report({"files": row})
