@@ -162,8 +162,7 @@ class BlockStore:
         self.written_back = [0, 0]  # blocks and bytes write_back wrote so far
         self._nursery: trio.Nursery | None = None
         self.shared = None     # a store.shared.SharedTier between disk and origin, if set
-        if disk is not None:
-            mem.evicting = self._evicting
+        mem.evicting = self._evicting
 
     # -- lifecycle -------------------------------------------------------------------
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -373,12 +372,17 @@ class BlockStore:
             self.write_queue_bytes + self.block_size <= self.write_queue_limit
 
     def _evicting(self, bk: BlockKey, data) -> None:
-        """The memory tier's bound evicts ``bk``: if memory held its only copy (see
-        ``consumed``), its last chance to reach the disk tier before a read fetches it
-        again; queued on the same conditions, and a failed write of it does not bring
-        it back (the bound holds)."""
-        if bk not in self._queued and self._late_room() and not self.disk.contains(bk) \
-                and self._queue_write(bk, data):
+        """The memory tier's bound evicts ``bk``.  Unread, its bytes stop counting
+        against the prefetch budget (counted until 65,536 newer speculative loads, they
+        filled a small tier's budget with blocks memory no longer held, and prefetch
+        stopped).  If memory held its only copy (see ``consumed``), this is its last
+        chance to reach the disk tier before a read fetches it again: queued on the
+        same conditions; a failed write of it does not bring it back (the bound)."""
+        entry = self._speculative.pop(bk, None)
+        if entry is not None:
+            self.spec_unread -= entry[1]
+        if self.disk is not None and bk not in self._queued and self._late_room() \
+                and not self.disk.contains(bk) and self._queue_write(bk, data):
             self.stats.disk_writes_late += 1
 
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
