@@ -19,7 +19,8 @@ import trio
 
 from .. import cpuacct
 from . import control
-from ..store.blocks import BlockStore, Pinned, read_following
+from ..store.blocks import BlockStore
+from ..store.pinned import Pinned, read_following
 from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
                       IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
                       NotFound, NotSupported, PermissionDenied, Unavailable, UserError,

@@ -18,7 +18,6 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
 
 import lru
 import trio
@@ -26,8 +25,9 @@ import trio
 from .. import cpuacct
 from . import limiter as lim
 from . import writeback
+from .pinned import Pinned
 from .tiers import BlockKey, DiskTier, MemoryTier
-from ..errors import BackendError, NotFound, Unavailable
+from ..errors import BackendError, Unavailable
 from ..stats import Stats
 
 log = logging.getLogger(__name__)
@@ -86,30 +86,6 @@ DISK_THREADS = 8
 INLINE_DISK_WRITE_MAX = 1 << 20
 # Speculatively fetched blocks remembered, to count whether they were used.
 SPECULATIVE_MEMORY = 1 << 16
-
-
-@dataclass(frozen=True, slots=True)
-class Pinned:
-    """One version of one object, as pinned by an open file handle."""
-    key: str
-    version: str
-    size: int
-
-
-async def read_following(store, pin, off: int, size: int) -> bytes | memoryview:
-    """``store.read`` of the object ``pin()`` names, following a rename made on this
-    mount while the read waited: its copy ended (write/names.py ``_moved``), the old
-    key was deleted and the read got NotFound, and ``pin()`` now names the copy,
-    which is read instead.  NotFound if ``pin()`` names the same object, or None
-    (the file was removed)."""
-    p = pin()
-    try:
-        return await store.read(p, off, size)
-    except NotFound:
-        q = pin()
-        if q is None or q == p:
-            raise
-        return await store.read(q, off, size)
 
 
 class _Flight:

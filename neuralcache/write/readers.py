@@ -18,7 +18,7 @@ import trio
 
 from ..errors import JournalError, NotFound
 from ..namespace import Node
-from ..store.blocks import read_following
+from ..store.pinned import read_following
 from .files import LocalFile, ReadHandle, pread
 
 
