@@ -80,11 +80,6 @@ class Pusher:
             return False
         if not loaded:          # load_whole counted its own hit or miss
             self.store.served(pinned, len(data))
-        # read whole now, as a file read to its end is at its close: the page cache
-        # has it and the disk tier has it or will (BlockStore.consumed).  Kept, pushed
-        # blocks filled a small memory tier and its LRU evicted the prefetched blocks
-        # not read yet (their fetch was older than the pushes after it)
-        self.store.consumed(pinned, 0)
         st.pushed_files += 1
         st.pushed_bytes += len(data)
         st.bytes_served += len(data)

@@ -125,6 +125,9 @@ class BlockStore:
         self._flights: dict[BlockKey, _Flight] = {}
         # BlockKey -> (kind, bytes) of speculative blocks not yet read by anyone
         self._speculative = lru.LRU(SPECULATIVE_MEMORY, callback=self._spec_dropped)
+        # ... and those memory evicted unread with the disk tier holding them (or about
+        # to): a read of one from disk still counts as that speculative load used
+        self._spilled = lru.LRU(SPECULATIVE_MEMORY)
         self.spec_unread = 0      # bytes in _speculative
         self.spec_inflight = 0    # bytes of speculative loads in flight
         self.spec_unjoined = 0    # ... of those, no reader has joined (they land unread)
@@ -348,25 +351,33 @@ class BlockStore:
             self.write_queue_bytes + self.block_size <= self.write_queue_limit
 
     def _evicting(self, bk: BlockKey, data) -> None:
-        """The memory tier's bound evicts ``bk``.  Unread, its bytes stop counting
-        against the prefetch budget (counted until 65,536 newer speculative loads, they
-        filled a small tier's budget with blocks memory no longer held, and prefetch
-        stopped).  If memory held its only copy (see ``consumed``), this is its last
-        chance to reach the disk tier before a read fetches it again: queued on the
-        same conditions; a failed write of it does not bring it back (the bound)."""
+        """The memory tier's bound evicts ``bk``.  If memory held its only copy (see
+        ``consumed``), this is its last chance to reach the disk tier before a read
+        fetches it again: queued on the same conditions; a failed write of it does not
+        bring it back (the bound).  Unread, its bytes stop counting against the
+        prefetch budget (counted until 65,536 newer speculative loads, they filled a
+        small tier's budget with blocks memory no longer held, and prefetch stopped),
+        and if the disk tier has it, a read of it there counts as that load used."""
         entry = self._speculative.pop(bk, None)
         if entry is not None:
             self.spec_unread -= entry[1]
-        if self.disk is not None and bk not in self._queued and self._late_room() \
-                and not self.disk.contains(bk) and self._queue_write(bk, data):
+        if self.disk is None:
+            return
+        on_disk = bk in self._queued or self.disk.contains(bk)
+        if not on_disk and self._late_room() and self._queue_write(bk, data):
             self.stats.disk_writes_late += 1
+            on_disk = True
+        if entry is not None and on_disk:
+            self._spilled[bk] = entry
 
     def _used_speculative(self, bk: BlockKey, n: int) -> None:
         entry = self._speculative.pop(bk, None)
         if entry is None:
             return
-        kind, size = entry
-        self.spec_unread -= size
+        self.spec_unread -= entry[1]
+        self._count_used(entry[0], n)
+
+    def _count_used(self, kind, n: int) -> None:
         if kind == lim.READAHEAD:
             self.stats.readahead_bytes_used += n
         elif kind == lim.PREFETCH:
@@ -434,17 +445,22 @@ class BlockStore:
             data = await trio.to_thread.run_sync(self.disk.get, bk,
                                                  limiter=self._disk_threads)
             if data is not None:
+                spilled = self._spilled.pop(bk, None)
                 if flight.kind == lim.DEMAND:
                     st.disk_hits += 1
                     st.demand_hit_blocks += 1
-                elif not flight.joined:
+                if not flight.joined:
                     # speculative, from disk: bounded by the unread budget like a fetched
                     # block, but neither fetched nor "used" in the prefetch counters
-                    self._unread(bk, None, len(data))
+                    # (unless a speculative fetch of it was spilled there unread)
+                    self._unread(bk, spilled[0] if spilled else None, len(data))
+                elif spilled:
+                    self._count_used(spilled[0], len(data))
                 self.mem.put(bk, data)
                 return data
         if flight.kind == lim.DEMAND:
             st.disk_misses += 1
+        self._spilled.pop(bk, None)          # (gone from the disk tier: fetched anew)
         off, length = self.block_range(obj, bk.index)
         # the shared tier (store/shared.py), when configured: a miss or any failure of
         # it is None, and the origin fetch below writes the block through
