@@ -376,7 +376,7 @@ def test_a_skipped_block_queued_late_comes_back_to_memory_if_that_write_fails(tm
 def test_a_block_only_memory_holds_goes_to_the_disk_when_memory_evicts_it(tmp_path):
     """A block whose write was skipped (queue full) and that no reader left behind
     stays in memory only; when the memory tier's bound evicts it, it is queued for
-    the disk if the queue has room then (``_late_room``, as for ``consumed``: its
+    the disk if the queue has room then (``_queue_late``, as for ``consumed``: its
     outage case is tested there), and the next read comes from disk.  With the queue
     full it goes (fetched again later)."""
     data = payload(17, 4 * BS)

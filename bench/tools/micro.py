@@ -134,12 +134,8 @@ def _big_clients(endpoint: str, env: dict, bucket: str, key: str) -> dict:
         return S3Backend(bucket, endpoint_url=endpoint, concurrency=64)
 
     def obstore_store():
-        from obstore.store import S3Store
-        return S3Store(bucket, endpoint=endpoint, region="us-east-1",
-                       access_key_id=env["AWS_ACCESS_KEY_ID"],
-                       secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                       client_options={"allow_http": endpoint.startswith("http://")},
-                       virtual_hosted_style_request=False)
+        from .micro_gets import obstore_store as make
+        return make(bucket, endpoint, env)
 
     def obstore_get(st, off, n, v):
         import obstore

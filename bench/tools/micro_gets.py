@@ -15,6 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 SIZE = 100_000
 
 
+def obstore_store(bucket: str, endpoint: str, env: dict):
+    """obstore's S3 client for ``bucket`` at a test endpoint (get-big uses it too)."""
+    from obstore.store import S3Store
+    return S3Store(bucket, endpoint=endpoint, region="us-east-1",
+                   access_key_id=env["AWS_ACCESS_KEY_ID"],
+                   secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                   client_options={"allow_http": endpoint.startswith("http://")},
+                   virtual_hosted_style_request=False)
+
+
 def _cpu() -> float:
     t = os.times()
     return t.user + t.system
@@ -82,7 +92,6 @@ def _asyncio(store, keys, digests, inflight: int) -> int:
 
 def small_gets(n: int, inflight: list[int], rtt_ms: float, rounds: int) -> None:
     import xxhash
-    from obstore.store import S3Store
 
     from bench.servers.seaweed import SeaweedServer
     from bench.wan import WanProxyProcess
@@ -108,11 +117,7 @@ def small_gets(n: int, inflight: list[int], rtt_ms: float, rounds: int) -> None:
                     ways.reverse()
                 for k in inflight:
                     for name, fn in ways:
-                        store = S3Store("micro", endpoint=proxy.endpoint, region="us-east-1",
-                                        access_key_id=env["AWS_ACCESS_KEY_ID"],
-                                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                                        client_options={"allow_http": True},
-                                        virtual_hosted_style_request=False)
+                        store = obstore_store("micro", proxy.endpoint, env)
                         fn(store, keys[:k], digests, k)        # its connections up
                         c0, t0 = _cpu(), time.perf_counter()
                         wrong = fn(store, keys, digests, k)

@@ -325,7 +325,7 @@ class BlockStore:
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
         is the only copy.  A block in memory only (its write skipped, the queue full:
-        the disk was behind; or failed) is queued now if ``_late_room``, else stays.  A
+        the disk was behind; or failed) is queued now if ``_queue_late`` may, else stays.  A
         block let go while its write is queued is remembered (``_let_go``, bounded by
         the queue) so that ``_disk_writer`` puts it back if that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
@@ -335,25 +335,29 @@ class BlockStore:
             if self.disk.contains(bk):
                 self.mem.drop(bk)
                 return
-            if (bk not in self.mem        # (these checks leave the LRU order alone)
-                    or not self._late_room()        # (a disk outage: it stays)
-                    or not self._queue_write(bk, self.mem.get(bk))):
+            # (the checks leave the LRU order alone; a disk outage: it stays)
+            if bk not in self.mem or not self._queue_late(bk, lambda: self.mem.get(bk)):
                 return
-            self.stats.disk_writes_late += 1
         if bk in self.mem:
             self._let_go.add(bk)
             self.mem.drop(bk)
 
-    def _late_room(self) -> bool:
-        """A block only memory holds may be queued for the disk now: the disk takes
-        writes and the queue keeps room for a whole block after it."""
-        return self.disk.writable and \
-            self.write_queue_bytes + self.block_size <= self.write_queue_limit
+    def _queue_late(self, bk: BlockKey, data) -> bool:
+        """Queue a block only memory holds for the disk if it may go now: the disk
+        takes writes and the queue keeps room for a whole block after it (``data()``
+        is asked only then); counted in disk_writes_late.  True if queued."""
+        if not self.disk.writable or \
+                self.write_queue_bytes + self.block_size > self.write_queue_limit:
+            return False
+        if not self._queue_write(bk, data()):
+            return False
+        self.stats.disk_writes_late += 1
+        return True
 
     def _evicting(self, bk: BlockKey, data) -> None:
         """The memory tier's bound evicts ``bk``.  If memory held its only copy (see
         ``consumed``), this is its last chance to reach the disk tier before a read
-        fetches it again: queued on the same conditions; a failed write of it does not
+        fetches it again: ``_queue_late``, as there; a failed write of it does not
         bring it back (the bound).  Unread, its bytes stop counting against the
         prefetch budget (counted until 65,536 newer speculative loads, they filled a
         small tier's budget with blocks memory no longer held, and prefetch stopped),
@@ -363,10 +367,8 @@ class BlockStore:
             self.spec_unread -= entry[1]
         if self.disk is None:
             return
-        on_disk = bk in self._queued or self.disk.contains(bk)
-        if not on_disk and self._late_room() and self._queue_write(bk, data):
-            self.stats.disk_writes_late += 1
-            on_disk = True
+        on_disk = bk in self._queued or self.disk.contains(bk) or \
+            self._queue_late(bk, lambda: data)
         if entry is not None and on_disk:
             self._spilled[bk] = entry
 
