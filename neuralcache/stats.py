@@ -51,6 +51,7 @@ class Stats:
     readahead_bytes_used: int = 0
     prefetch_bytes_fetched: int = 0
     prefetch_bytes_used: int = 0
+    prefetch_bytes_staged: int = 0  # ... of the fetched, stored on disk, not in memory
     backend_requests: int = 0
     backend_errors: int = 0
     singleflight_joins: int = 0
@@ -132,6 +133,7 @@ class Stats:
             "readahead_bytes_used": self.readahead_bytes_used,
             "prefetch_bytes_fetched": self.prefetch_bytes_fetched,
             "prefetch_bytes_used": self.prefetch_bytes_used,
+            "prefetch_bytes_staged": self.prefetch_bytes_staged,
             "prefetch_precision": round(min(1.0, spec_used / spec_fetched), 4)
             if spec_fetched else 0.0,
             "backend_requests": self.backend_requests,

@@ -82,7 +82,7 @@ DISK_WRITE_STATS = ("disk_writes_skipped", "disk_writes_late")
 # What the prefetcher did in a workload (the daemon's stats; deltas).
 PREFETCH_STATS = ("prefetch_bytes_fetched", "prefetch_bytes_used", "readahead_bytes_fetched",
                   "readahead_bytes_used", "demand_hit_bytes", "prefetch_plans",
-                  "prefetch_plans_empty")
+                  "prefetch_plans_empty", "prefetch_bytes_staged")
 
 
 def _delta(after: dict, before: dict) -> dict:
@@ -221,7 +221,10 @@ def report(rows: dict) -> str:
         pf = r.get("prefetch", {})
         if pf.get("prefetch_plans"):
             lines.append(f"{name}: prefetch plans (the predictor asked) {pf['prefetch_plans']}"
-                         f", with nothing to fetch {pf.get('prefetch_plans_empty', 0)}")
+                         f", with nothing to fetch {pf.get('prefetch_plans_empty', 0)}; "
+                         f"prefetched {pf.get('prefetch_bytes_fetched', 0) / 2**20:.0f} MiB, "
+                         f"of it read {pf.get('prefetch_bytes_used', 0) / 2**20:.0f}, "
+                         f"staged on disk {pf.get('prefetch_bytes_staged', 0) / 2**20:.0f}")
         dw = r.get("disk_writes", {})
         skipped = f"disk writes skipped {dw['disk_writes_skipped']}, queued late " \
             f"{dw.get('disk_writes_late', 0)}; " if dw.get("disk_writes_skipped") else ""

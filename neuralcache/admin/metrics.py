@@ -39,6 +39,9 @@ COUNTERS = {
                                                  "Bytes fetched by cross-file prefetch"),
     "neuralcache_prefetch_used_bytes_total": ("prefetch_bytes_used",
                                               "Prefetched bytes later read"),
+    "neuralcache_prefetch_staged_bytes_total": ("prefetch_bytes_staged",
+                                                "Prefetched bytes stored on disk, not "
+                                                "in memory (its budget full)"),
     "neuralcache_backend_requests_total": ("backend_requests", "Remote requests"),
     "neuralcache_backend_errors_total": ("backend_errors",
                                          "Remote requests failed after retries"),

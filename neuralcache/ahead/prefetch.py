@@ -10,7 +10,9 @@ urgent first (skipping files the predictor records as planned: ``note_planned`` 
   recent latency x SAFETY, at least ``MIN_INFLIGHT_BYTES``), and
 * prefetched-but-unread bytes, those in flight included (each lands unread in the
   memory tier), stay under ``budget_bytes`` (a fraction of the memory tier), so
-  prefetching never evicts data that will be needed sooner (``_full``).
+  prefetching never evicts data that will be needed sooner (``_full``); past it,
+  loads are staged: stored in the disk tier and not kept in memory, while the disk's
+  own budget lasts (BlockStore.stage_room).
 
 Prefetches go through BlockStore with PREFETCH priority: demand reads always go first
 and reserved slots stay free for them.  Nothing here can fail a read: every error is
@@ -90,6 +92,13 @@ SIBLINGS_MAX_FILES = 16
 # reader's own disk reads behind them (its disk-cache rate 1,003/862 -> 453/476 MB/s).
 DISK_LOAD_MAX = 1 << 20
 SIBLINGS_MAX_BYTES = 64 << 20
+# Predictions staged on disk once memory's budget is full (BlockStore.STAGE_FRACTION):
+# only an unordered working set's (a shuffled epoch without hints), where a file read
+# is a staged one with the odds staged / unread files left, so depth is the hit rate.
+# An ordered source (hints, stride, successor) is followed in order within memory's
+# budget, and deeper it reaches only the far future: with hints, the multinode bench's
+# nodes would fetch the next epoch's share, files other nodes read this epoch.
+STAGED_SOURCES = frozenset({"epochset"})
 # The catalog is rebuilt at most this often while directories join it (a rebuild is
 # O(catalog): ~1 s per million files) ...
 CATALOG_EVERY_S = 2.0
@@ -249,7 +258,8 @@ class Prefetcher:
         parent = key.rpartition("/")[0]
         if parent in self._warmed_dirs:
             return 0
-        if self._full(*self._pending(), self.inflight_target()):
+        inflight, unread, room = self._pending()
+        if self._full(inflight, unread, room, self.inflight_target()):
             return 0             # the same budgets as every other prefetch (not warmed:
                                  # the next open in it tries again)
         self._warmed_dirs.add(parent)
@@ -326,15 +336,18 @@ class Prefetcher:
         lat = self.store.latency_estimate()
         return max(MIN_INFLIGHT_BYTES, int(self.rate.rate * lat * SAFETY))
 
-    def _pending(self) -> tuple[int, int]:
-        """Speculative bytes in flight, and unread: loaded and not read yet, or in
-        flight with no reader waiting for them (BlockStore counts both)."""
+    def _pending(self) -> tuple[int, int, int]:
+        """Speculative bytes in flight; unread in memory: loaded and not read yet, or
+        in flight for memory with no reader waiting for them (BlockStore counts both);
+        and the bytes staged loads may still bring to the disk tier."""
         return (self.store.speculative_inflight_bytes(),
-                self.store.speculative_unread_bytes())
+                self.store.speculative_unread_bytes(), self.store.stage_room())
 
-    def _full(self, inflight: int, unread: int, target: int) -> bool:
+    def _full(self, inflight: int, unread: int, room: int, target: int) -> bool:
         """Whether no prefetch may start: ``target`` bytes in flight, or the unread
-        budget reached; ``unread`` counts the bytes in flight no reader waits for
+        budget reached and no ``room`` for staged loads (which then go to the disk
+        tier instead: a dataset larger than memory is prefetched onto the disk at link
+        speed, BlockStore.STAGE_FRACTION); ``unread`` counts the bytes in flight no reader waits for
         (``_pending``): they land in the memory tier unread.  (Counted apart, each
         pump started up to the budget again while the last pump's loads were still in
         flight: a mount whose memory tier is below the in-flight floor -- the
@@ -342,7 +355,7 @@ class Prefetcher:
         into the next epoch's share, evicted before they were read: 1.6-1.8x the
         dataset from the WAN in epoch 1, and with --shared-cache those loads' claims
         made other nodes' readers wait 0.5-0.9 s each; bench/RESULTS.md.)"""
-        return inflight >= target or unread >= self.budget
+        return inflight >= target or (unread >= self.budget and room <= 0)
 
     def _pump(self) -> None:
         if not self.enabled:
@@ -354,9 +367,9 @@ class Prefetcher:
         if self._skip > 0:
             self._skip -= 1
             return
-        inflight, unread = self._pending()
+        inflight, unread, room = self._pending()
         floor = self.inflight_target()
-        if self._full(inflight, unread, max(floor, self._last_target)):
+        if self._full(inflight, unread, room, max(floor, self._last_target)):
             return      # budgets full: not even worth asking the predictor
         self._flush_deferred()
         try:
@@ -373,7 +386,8 @@ class Prefetcher:
         for p in preds:
             if p.prob < MIN_PROB:
                 continue
-            if self._full(inflight, unread, target):
+            staged = p.source in STAGED_SOURCES
+            if self._full(inflight, unread, room if staged else 0, target):
                 break
             if p.offset == 0 and self.predictor.is_planned(p.path):
                 if not started:
@@ -391,7 +405,7 @@ class Prefetcher:
             target = max(floor, MIN_INFLIGHT_LOADS * node.size) \
                 if whole and node.size <= self.store.block_size else floor
             self._last_target = target
-            if self._full(inflight, unread, target):
+            if self._full(inflight, unread, room if staged else 0, target):
                 break
             pinned = Pinned(node.key, node.version, node.size)
             bs = self.store.block_size
@@ -399,15 +413,19 @@ class Prefetcher:
             first = p.offset // bs
             last = min(self.store.nblocks(pinned) - 1, (p.offset + max(length, 1) - 1) // bs)
             for i in range(first, last + 1):
-                if self.store.in_memory(pinned, i) or (node.size > DISK_LOAD_MAX and
-                                                       self.store.cached(pinned, i)):
+                stage = unread >= self.budget        # memory's budget full: to disk
+                if self.store.in_memory(pinned, i) or (
+                        (stage or node.size > DISK_LOAD_MAX) and self.store.cached(pinned, i)):
                     continue
-                if self.store.prefetch(pinned, i, lim.PREFETCH):
+                if self.store.prefetch(pinned, i, lim.PREFETCH, stage):
                     started += 1
                     n = self.store.block_range(pinned, i)[1]
                     inflight += n
-                    unread += n
-                if self._full(inflight, unread, target):
+                    if stage:
+                        room -= n
+                    else:
+                        unread += n
+                if self._full(inflight, unread, room if staged else 0, target):
                     break
             else:
                 if whole and last == self.store.nblocks(pinned) - 1:
