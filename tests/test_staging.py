@@ -63,7 +63,9 @@ def test_a_staged_load_a_reader_joins_lands_in_memory(tmp_path):
     assert len(be.calls) == 1
 
 
-def test_the_disk_budget_bounds_staging_and_forgets_what_the_disk_evicted(tmp_path):
+def test_the_disk_budget_and_free_space_bound_staging(tmp_path):
+    """Within ``stage_limit``, forgetting what the disk evicted unread; within the free
+    space (evicting to stage took blocks the epoch still had to read)."""
     data = payload(23, 3 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
     store.stage_limit = 2 * BS
@@ -77,6 +79,9 @@ def test_the_disk_budget_bounds_staging_and_forgets_what_the_disk_evicted(tmp_pa
         assert store.stage_room() == BS
         store.disk.writable = False                          # a failed disk write
         assert store.stage_room() == 0
+        store.disk.writable = True
+        store.disk.limit = store.disk.used + BS + 1000       # staging never evicts
+        assert store.stage_room() == 1000
 
     run_with_store(store, fn)
     # no disk tier: nothing can be staged, and a staged load is an ordinary one

@@ -414,12 +414,14 @@ class Prefetcher:
             last = min(self.store.nblocks(pinned) - 1, (p.offset + max(length, 1) - 1) // bs)
             for i in range(first, last + 1):
                 stage = unread >= self.budget        # memory's budget full: to disk
+                n = self.store.block_range(pinned, i)[1]
+                if stage and room < n:
+                    break                            # (a block the disk has no room for)
                 if self.store.in_memory(pinned, i) or (
                         (stage or node.size > DISK_LOAD_MAX) and self.store.cached(pinned, i)):
                     continue
                 if self.store.prefetch(pinned, i, lim.PREFETCH, stage):
                     started += 1
-                    n = self.store.block_range(pinned, i)[1]
                     inflight += n
                     if stage:
                         room -= n

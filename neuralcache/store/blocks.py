@@ -25,7 +25,7 @@ from .. import cpuacct
 from . import limiter as lim
 from . import writeback
 from .pinned import Pinned
-from .speculative import Ledger
+from .speculative import STAGE_FRACTION, Ledger
 from .tiers import BlockKey, DiskTier, MemoryTier
 from ..errors import BackendError, Unavailable
 from ..stats import Stats
@@ -84,17 +84,6 @@ DISK_THREADS = 8
 # once; a block that finds them all busy goes through the writers.  0: every block
 # goes through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
-# Prefetched bytes the disk tier may hold unread, as a fraction of its size: staged
-# loads (``prefetch(stage=True)``, started when memory's prefetch budget is full) and
-# blocks memory evicted unread.  Without an order to follow (a shuffled epoch, no
-# hints), a file read is one of those with the odds staged / unread files left, so the
-# more the better, up to the dataset; half keeps the other half for what the job read
-# before (and the epoch-aware eviction lets blocks read this epoch go first).  3,000 x
-# 100 KB files read once, shuffled, through a 64 MiB memory tier (python -m
-# bench.breakdown --size 8M --files 3000 --mount-args "--memory-cache-size 64M"):
-# 207/252 files/s without staging; with a quarter of a 316 MB disk tier 354/368; with
-# a quarter of 2 GiB (the whole epoch) 514 against 254.
-STAGE_FRACTION = 0.5
 
 
 class _Flight:
@@ -383,10 +372,13 @@ class BlockStore:
     def stage_room(self) -> int:
         """Bytes staged loads may still bring (``prefetch(stage=True)``): the disk's
         prefetch budget (``stage_limit``) less the speculative bytes unread in the disk
-        tier or on their way there; 0 when the disk tier takes no writes."""
+        tier or on their way there, and at most its free space less a block (for the
+        reads' own writes): staging never evicts (what it would evict may be read this
+        epoch too); 0 when the disk tier takes no writes."""
         if self.disk is None or not self.disk.writable:
             return 0
-        return self.spec.stage_room(self.stage_limit, self.disk.contains)
+        free = self.disk.limit - self.disk.used - self.spec.staging - self.block_size
+        return max(0, min(free, self.spec.stage_room(self.stage_limit, self.disk.contains)))
 
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD,
                  stage: bool = False) -> bool:

@@ -20,6 +20,23 @@ from ..stats import Stats
 # that none of them is forgotten uncounted: 57,344 files of 100 KB are 5.7 GB ahead.
 SPECULATIVE_MEMORY = 1 << 16
 STAGE_ENTRIES_MAX = SPECULATIVE_MEMORY * 7 // 8
+# Prefetched bytes the disk tier may hold unread, as a fraction of its size: staged
+# loads (BlockStore.prefetch ``stage``, started when memory's prefetch budget is full) and
+# blocks memory evicted unread.  Without an order to follow (a shuffled epoch, no
+# hints), a file read is one of those with the odds staged / unread files left, so the
+# more the better, up to the dataset; half keeps the other half for what the job read
+# before.  Staging also waits for free space (BlockStore.stage_room): evicting blocks
+# to make room took blocks this epoch still had to read (the epoch-aware eviction ranks
+# a prefetched block above them), and a dataset twice the disk tier (`python -m bench
+# run --scenario overflow --systems neuralcache`) fetched 270-300 -> 400-466 MB over
+# the link in epoch 2; into free space only, 287/278 against 319/262, and its epoch 1
+# (the disk filling) 182/163 against 138/133 MB/s, shuffled shards 307/304 against
+# 266/261 MB/s (old new new old, bench/RESULTS.md).  3,000 x
+# 100 KB files read once, shuffled, through a 64 MiB memory tier (python -m
+# bench.breakdown --size 8M --files 3000 --mount-args "--memory-cache-size 64M", a 316
+# MB disk tier): 207/252 files/s without staging; with a quarter of the disk 354/368;
+# with half 518/514/422; with a quarter of 2 GiB 514 against 254.
+STAGE_FRACTION = 0.5
 
 
 class Ledger:
