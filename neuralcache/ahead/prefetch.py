@@ -92,7 +92,7 @@ SIBLINGS_MAX_FILES = 16
 # reader's own disk reads behind them (its disk-cache rate 1,003/862 -> 453/476 MB/s).
 DISK_LOAD_MAX = 1 << 20
 SIBLINGS_MAX_BYTES = 64 << 20
-# Predictions staged on disk once memory's budget is full (BlockStore.STAGE_FRACTION):
+# Predictions staged on disk once memory's budget is full (store/speculative.py):
 # only an unordered working set's (a shuffled epoch without hints), where a file read
 # is a staged one with the odds staged / unread files left, so depth is the hit rate.
 # An ordered source (hints, stride, successor) is followed in order within memory's
@@ -345,16 +345,17 @@ class Prefetcher:
 
     def _full(self, inflight: int, unread: int, room: int, target: int) -> bool:
         """Whether no prefetch may start: ``target`` bytes in flight, or the unread
-        budget reached and no ``room`` for staged loads (which then go to the disk
-        tier instead: a dataset larger than memory is prefetched onto the disk at link
-        speed, BlockStore.STAGE_FRACTION); ``unread`` counts the bytes in flight no reader waits for
-        (``_pending``): they land in the memory tier unread.  (Counted apart, each
-        pump started up to the budget again while the last pump's loads were still in
-        flight: a mount whose memory tier is below the in-flight floor -- the
-        multinode bench's 4 MiB nodes -- started 16 MiB of loads at an epoch's start,
-        into the next epoch's share, evicted before they were read: 1.6-1.8x the
-        dataset from the WAN in epoch 1, and with --shared-cache those loads' claims
-        made other nodes' readers wait 0.5-0.9 s each; bench/RESULTS.md.)"""
+        budget reached and no ``room`` for staged loads (which go to the disk tier
+        instead: a shuffled epoch larger than memory is prefetched onto the disk at
+        link speed, store/speculative.py STAGE_FRACTION); ``unread`` counts the bytes
+        in flight no reader waits for (``_pending``): they land in the memory tier
+        unread.  (Counted apart, each pump started up to the budget again while the
+        last pump's loads were still in flight: a mount whose memory tier is below the
+        in-flight floor -- the multinode bench's 4 MiB nodes -- started 16 MiB of
+        loads at an epoch's start, into the next epoch's share, evicted before they
+        were read: 1.6-1.8x the dataset from the WAN in epoch 1, and with
+        --shared-cache those loads' claims made other nodes' readers wait 0.5-0.9 s
+        each; bench/RESULTS.md.)"""
         return inflight >= target or (unread >= self.budget and room <= 0)
 
     def _pump(self) -> None:
@@ -417,8 +418,8 @@ class Prefetcher:
                 n = self.store.block_range(pinned, i)[1]
                 if stage and room < n:
                     break                            # (a block the disk has no room for)
-                if self.store.in_memory(pinned, i) or (
-                        (stage or node.size > DISK_LOAD_MAX) and self.store.cached(pinned, i)):
+                if self.store.in_memory(pinned, i) or ((stage or node.size > DISK_LOAD_MAX)
+                                                       and self.store.cached(pinned, i)):
                     continue
                 if self.store.prefetch(pinned, i, lim.PREFETCH, stage):
                     started += 1

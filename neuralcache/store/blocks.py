@@ -383,7 +383,7 @@ class BlockStore:
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD,
                  stage: bool = False) -> bool:
         """Start loading a block speculatively unless present; True if started.
-        ``stage``: for the disk tier (memory's prefetch budget is full; ``may_stage``):
+        ``stage``: for the disk tier (memory's prefetch budget is full; ``stage_room``):
         the fetching thread writes it there and memory does not keep it, unless a
         reader joins the load or the write cannot be made."""
         if self._nursery is None or index < 0 or index >= self.nblocks(obj):
@@ -512,9 +512,9 @@ class BlockStore:
                      flight: _Flight) -> bytes:
         """One ranged read.  A speculative one of a block of at most
         INLINE_DISK_WRITE_MAX, or a staged one of any size, also writes it to the disk
-        tier in its thread (``flight.stored``).  A demand read that takes much longer than usual is hedged:
-        a second identical request starts and the first answer wins (the loser's
-        thread is abandoned; its result is dropped)."""
+        tier in its thread (``flight.stored``).  A demand read that takes much longer
+        than usual is hedged: a second identical request starts and the first answer
+        wins (the loser's thread is abandoned; its result is dropped)."""
         def read():
             t0 = cpuacct.clock()
             try:
