@@ -345,7 +345,9 @@ def format_stats(s: dict) -> str:
         ("read-ahead used / fetched", f"{format_size(s['readahead_bytes_used'])} / "
                                       f"{format_size(s['readahead_bytes_fetched'])}"),
         ("prefetch used / fetched", f"{format_size(s['prefetch_bytes_used'])} / "
-                                    f"{format_size(s['prefetch_bytes_fetched'])}"),
+                                    f"{format_size(s['prefetch_bytes_fetched'])} "
+                                    f"({format_size(s.get('prefetch_bytes_staged', 0))} "
+                                    "of it staged on disk)"),
         ("prefetch precision", f"{s['prefetch_precision']:.1%}"),
         ("backend requests", f"{s['backend_requests']} ({s['backend_errors']} errors, "
                              f"{s['backend_retries']} retries)"),
