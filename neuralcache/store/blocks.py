@@ -294,7 +294,7 @@ class BlockStore:
         flight = self._flights.get(bk)
         if flight is not None:
             st.singleflight_joins += 1
-            self.spec.unjoined -= flight.unjoined
+            self.spec.joined(flight.unjoined)
             flight.unjoined = 0
             flight.joined = True
             if flight.ticket is not None:
@@ -355,11 +355,9 @@ class BlockStore:
         bring it back (the bound).  Unread, it moves from memory's prefetch budget to
         the disk's (counted on, a small tier's budget filled with blocks it no longer
         held and prefetch stopped), and a read of it there counts as that load used."""
-        if self.disk is None:
-            self.spec.evicted(bk, lambda: False)
-        else:
-            self.spec.evicted(bk, lambda: bk in self._queued or self.disk.contains(bk) or
-                              self._queue_late(bk, lambda: data))
+        self.spec.evicted(bk, lambda: self.disk is not None and (
+            bk in self._queued or self.disk.contains(bk) or
+            self._queue_late(bk, lambda: data)))
 
     def speculative_inflight_bytes(self) -> int:
         return self.spec.inflight
@@ -404,11 +402,8 @@ class BlockStore:
 
     async def _load(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> None:
         spec = self.block_range(obj, bk.index)[1] if flight.kind != lim.DEMAND else 0
-        staging = spec if flight.stage else 0
-        self.spec.inflight += spec
-        self.spec.staging += staging
         flight.unjoined = 0 if flight.joined or flight.stage else spec
-        self.spec.unjoined += flight.unjoined
+        self.spec.started(spec, flight.stage, flight.unjoined)
         try:
             flight.data = await self._load_inner(bk, obj, flight)
         except BackendError as exc:
@@ -417,9 +412,7 @@ class BlockStore:
             log.exception("unexpected error loading %s block %d", bk.key, bk.index)
             flight.error = Unavailable(f"{bk.key}: internal error: {exc}")
         finally:
-            self.spec.inflight -= spec
-            self.spec.staging -= staging
-            self.spec.unjoined -= flight.unjoined
+            self.spec.ended(spec, flight.stage, flight.unjoined)
             flight.unjoined = 0
             self._flights.pop(bk, None)
             flight.done.set()

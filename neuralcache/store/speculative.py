@@ -53,6 +53,24 @@ class Ledger:
         self.unjoined = 0     # ... of those, for memory with no reader joined yet
         self.staging = 0      # ... of those, staged loads (bound for the disk tier)
 
+    # -- in flight -------------------------------------------------------------------
+    def started(self, n: int, stage: bool, unjoined: int) -> None:
+        """A speculative load of ``n`` bytes began (0 for a demand load); ``unjoined``
+        of them are for memory with no reader yet."""
+        self.inflight += n
+        self.staging += n if stage else 0
+        self.unjoined += unjoined
+
+    def joined(self, unjoined: int) -> None:
+        """A reader joined a load in flight: its bytes no longer land unread."""
+        self.unjoined -= unjoined
+
+    def ended(self, n: int, stage: bool, unjoined: int) -> None:
+        """The load ``started`` ended (loaded, failed or cancelled)."""
+        self.inflight -= n
+        self.staging -= n if stage else 0
+        self.unjoined -= unjoined
+
     # -- memory ----------------------------------------------------------------------
     def loaded(self, bk, kind, n: int) -> None:
         """A speculative block landed in memory unread (counted once: one evicted unread
