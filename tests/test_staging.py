@@ -7,7 +7,8 @@ from neuralcache.ahead.prefetch import MIN_INFLIGHT_BYTES, Prefetcher
 from neuralcache.namespace import Namespace
 from neuralcache.stats import Stats
 from neuralcache.store import limiter as lim
-from neuralcache.store.blocks import BlockStore
+from neuralcache.store.blocks import BlockStore, Pinned
+from neuralcache.store.speculative import STAGE_ENTRIES_MAX, Ledger
 from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
 
 from conftest import cli_env, digest, mounted, needs_fuse, new_bucket, payload, upload_tree
@@ -126,6 +127,106 @@ def test_prefetch_past_the_memory_budget_is_staged_within_the_disk_budget(tmp_pa
         assert store.stats.prefetch_bytes_staged == staged
         assert len(be.calls) == 4 + staged // mib
         assert set(on_disk) >= {k for k, _ in objs[4:4 + staged // mib]}
+
+
+def test_a_staged_load_the_shared_tier_answers_goes_to_disk_not_memory(tmp_path):
+    """Another node fetched the blocks (the shared tier answers): a staged load is
+    not stored by its thread, so the background writers take it, and memory's full
+    budget is not overrun pump after pump."""
+    mib = 1 << 20
+
+    class SharedHit:
+        async def get(self, bk, length, prefetch=False, urgent=lambda: True):
+            return bytes(length)
+
+        def fetched(self, bk, data):
+            pass
+
+    objs = [(f"f{i:02d}", mib) for i in range(40)]
+    ns = Namespace()
+    for k, s in objs:
+        ns.put_file(k, s, "v", 0.0)
+    disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
+    disk.load()
+    store = BlockStore(FakeBackend(), MemoryTier(1 << 30), disk, Stats(),
+                       block_size=8 * mib, concurrency=32)
+    store.shared = SharedHit()
+    pf = Prefetcher(ns, store, Scripted([P(k, 0, s, 1.0, 1.0, "epochset") for k, s in objs]),
+                    budget_bytes=4 * mib)
+
+    async def fn():
+        for _ in range(3):
+            pf._skip = 0
+            pf._pump()
+            await trio.sleep(0.05)
+            await settle(store)
+
+    run_with_store(store, fn)
+    assert store.speculative_unread_bytes() <= pf.budget + mib
+    in_memory = [k for k, _ in objs if store.mem.get(BlockKey(k, "v", 0)) is not None]
+    assert in_memory == [f"f{i:02d}" for i in range(4)]          # memory's budget
+    assert all(disk.contains(BlockKey(k, "v", 0)) for k, _ in objs)
+    assert store.stats.prefetch_bytes_staged == 36 * mib         # the rest: disk only
+
+
+def test_a_staged_load_that_finds_no_write_slot_gives_up_and_goes_to_the_writers(
+        tmp_path, monkeypatch):
+    """A stalled disk (every inline write slot held): the staged load's thread waits
+    STAGE_SLOT_WAIT_S, not for ever, and the block goes through the writers."""
+    import neuralcache.store.blocks as blocks
+    monkeypatch.setattr(blocks, "STAGE_SLOT_WAIT_S", 0.1)
+    data = payload(24, 2 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    for _ in range(blocks.DISK_THREADS):
+        assert store._inline_writes.acquire(False)
+
+    async def fn():
+        assert store.prefetch(obj, 0, lim.PREFETCH, stage=True)
+        with trio.fail_after(5):
+            await settle(store)
+        bk = BlockKey(obj.key, obj.version, 0)
+        assert store.mem.get(bk) is None and store.disk.contains(bk)
+        assert store.stats.prefetch_bytes_staged == BS
+
+    run_with_store(store, fn)
+
+
+def test_siblings_are_not_warmed_past_memorys_budget_when_the_disk_has_room(tmp_path):
+    """Sibling warming loads into memory, never stages: the disk's room does not let it
+    past memory's full prefetch budget."""
+    mib = 1 << 20
+    for with_disk in (False, True):
+        ns = Namespace()
+        ns.put_file("other", 4 * mib, "v", 0.0)
+        for i in range(8):
+            ns.put_file(f"d/s{i}", mib, "v", 0.0)
+        disk = None
+        if with_disk:
+            disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
+            disk.load()
+        store = BlockStore(FakeBackend(), MemoryTier(1 << 30), disk, Stats(),
+                           block_size=8 * mib, concurrency=32)
+        pf = Prefetcher(ns, store, Scripted([]), budget_bytes=2 * mib)
+
+        async def fn():
+            store.prefetch(Pinned("other", "v", 4 * mib), 0, lim.PREFETCH)  # budget full
+            await settle(store)
+            started = pf._warm_siblings("d/s0")
+            await settle(store)
+            return started, store.speculative_unread_bytes()
+
+        assert run_with_store(store, fn) == (0, 4 * mib), with_disk
+
+
+def test_the_ledger_forgets_evicted_entries_when_its_entry_cap_binds_first():
+    """Many small staged files reach STAGE_ENTRIES_MAX before the byte budget: entries
+    the disk evicted unread are forgotten then too, or staging stayed off."""
+    led = Ledger(Stats())
+    for i in range(STAGE_ENTRIES_MAX):
+        led.staged(BlockKey(f"f{i}", "v", 0), lim.PREFETCH, 10_000)
+    assert led.stage_room(10 << 30, lambda bk: True) == 0        # all still on disk
+    assert led.stage_room(10 << 30, lambda bk: False) == 10 << 30  # all evicted
+    assert led.on_disk == 0
 
 
 @needs_fuse

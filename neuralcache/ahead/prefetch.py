@@ -258,10 +258,11 @@ class Prefetcher:
         parent = key.rpartition("/")[0]
         if parent in self._warmed_dirs:
             return 0
-        inflight, unread, room = self._pending()
-        if self._full(inflight, unread, room, self.inflight_target()):
-            return 0             # the same budgets as every other prefetch (not warmed:
-                                 # the next open in it tries again)
+        inflight, unread, _ = self._pending()
+        if self._full(inflight, unread, 0, self.inflight_target()):
+            return 0             # the same budgets as every other prefetch, for memory
+                                 # (these loads are never staged; not warmed: the next
+                                 # open in it tries again)
         self._warmed_dirs.add(parent)
         d = self.ns.by_path(parent)
         if d is None or not d.is_dir:

@@ -84,6 +84,12 @@ DISK_THREADS = 8
 # once; a block that finds them all busy goes through the writers.  0: every block
 # goes through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
+# How long a staged load's thread waits for one of those write slots (the disk sets
+# staging's pace) before it gives up: a disk that takes longer than this per write is
+# stalled, and the waiting threads hold backend slots that read-ahead needs.  A load
+# that gives up is handled like one whose write failed (``_load_inner``).  Not
+# measured: two orders of magnitude above a block write's time here (ms).
+STAGE_SLOT_WAIT_S = 2.0
 
 
 class _Flight:
@@ -382,8 +388,9 @@ class BlockStore:
                  stage: bool = False) -> bool:
         """Start loading a block speculatively unless present; True if started.
         ``stage``: for the disk tier (memory's prefetch budget is full; ``stage_room``):
-        the fetching thread writes it there and memory does not keep it, unless a
-        reader joins the load or the write cannot be made."""
+        the fetching thread writes it there (else the background writers do; with their
+        queue full it is dropped) and memory does not keep it, unless a reader joins
+        the load."""
         if self._nursery is None or index < 0 or index >= self.nblocks(obj):
             return False
         bk = BlockKey(obj.key, obj.version, index)
@@ -451,9 +458,15 @@ class BlockStore:
                 st.readahead_bytes_fetched += len(data)
             else:
                 st.prefetch_bytes_fetched += len(data)
-            if not flight.joined and flight.stage and flight.stored:
-                self.spec.staged(bk, flight.kind, len(data))
-                return data                 # on disk; memory keeps what readers use
+            if not flight.joined and flight.stage:
+                # bound for the disk, memory's budget full: not stored in this thread
+                # (the shared tier answered, the write failed or found no slot), it
+                # goes through the writers; with their queue full it is dropped
+                if flight.stored or bk in self._queued or self._queue_write(bk, data):
+                    self.spec.staged(bk, flight.kind, len(data))
+                else:
+                    self.stats.disk_writes_skipped += 1
+                return data                 # memory keeps what readers use
             if not flight.joined:                     # no reader joined while loading
                 self.spec.loaded(bk, flight.kind, len(data))
             elif flight.kind == lim.READAHEAD:          # joined: used, but late
@@ -525,8 +538,9 @@ class BlockStore:
                 # Staged: waiting (the disk sets the pace), unless a reader joins.
                 if not flight.stage:
                     return self._inline_writes.acquire(False)
+                give_up = time.monotonic() + STAGE_SLOT_WAIT_S
                 while not self._inline_writes.acquire(timeout=0.01):
-                    if flight.joined:
+                    if flight.joined or time.monotonic() > give_up:
                         return False
                 return True
 

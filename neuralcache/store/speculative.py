@@ -116,8 +116,9 @@ class Ledger:
     def stage_room(self, limit: int, contains) -> int:
         """Bytes staged loads may still bring: ``limit`` less the unread bytes on disk
         and on their way there.  When that is none, first forget the oldest entries the
-        disk tier no longer holds (``contains(bk)`` False: it evicted them unread)."""
-        if self.on_disk + self.staging >= limit:
+        disk tier no longer holds (``contains(bk)`` False: it evicted them unread),
+        whichever bound (bytes, or entries: small files) is reached."""
+        if self.on_disk + self.staging >= limit or len(self._on_disk) >= STAGE_ENTRIES_MAX:
             while len(self._on_disk):
                 bk, _ = self._on_disk.peek_last_item()
                 if contains(bk):
