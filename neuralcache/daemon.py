@@ -7,6 +7,7 @@ sent to systemd (``READY=1`` on $NOTIFY_SOCKET) when run as a Type=notify servic
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import gc
@@ -69,14 +70,16 @@ MALLOC_ARENAS = 2
 
 def check_mountpoint(path: str) -> str:
     mp = os.path.abspath(path)
+    # the mount table first: a dead daemon's mount fails stat (ENOTCONN) and would
+    # look like a missing directory
+    e = mounts.find_mount(mp)
+    if e is not None:
+        raise UserError(f"mountpoint {mp} is busy: {e.fstype} {e.source} is mounted there; "
+                        f"unmount it first (neuralcache umount {mp})")
     if not os.path.exists(mp):
         raise UserError(f"mountpoint {mp} does not exist: create it with mkdir -p {mp}")
     if not os.path.isdir(mp):
         raise UserError(f"mountpoint {mp} is not a directory")
-    if mounts.find_mount(mp) is not None:
-        e = mounts.find_mount(mp)
-        raise UserError(f"mountpoint {mp} is busy: {e.fstype} {e.source} is mounted there; "
-                        f"unmount it first (neuralcache umount {mp})")
     return mp
 
 
@@ -350,8 +353,11 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         try:
             metrics.serve(cfg.metrics_port, cfg.metrics_addr)
         except OSError as exc:
+            todo = {errno.EADDRINUSE: "pick another --metrics-port",
+                    errno.EACCES: "pick another --metrics-port (below 1024 needs root)"}
             raise UserError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: "
-                            f"{exc.strerror}; pick another --metrics-port") from None
+                            f"{exc.strerror or exc}; "
+                            f"{todo.get(exc.errno, 'check --metrics-addr')}") from None
         stats.read_hist = metrics.read_seconds
         stats.backend_hist = metrics.backend_seconds
 

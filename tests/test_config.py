@@ -34,6 +34,13 @@ def test_o_options_parse_and_ignore_fstab_words():
                    "memory_cache_size": 256 << 20}
 
 
+def test_every_mount8_word_and_a_comment_are_ignored():
+    """fstab(5) lines carry mount(8)'s own options; README says they are ignored."""
+    words = ("async,sync,dirsync,lazytime,nodiratime,strictatime,silent,loud,owner,"
+             "group,iversion,mand,comment=nightly job,x-systemd.requires=network.target")
+    assert parse_o_options("rw," + words) == {"writable": True}
+
+
 def test_rw_turns_writes_on_and_ro_keeps_read_only(tmp_path):
     assert parse_o_options("rw,nofail") == {"writable": True}
     assert parse_o_options("ro") == {"writable": False}
@@ -71,6 +78,10 @@ def test_o_options_errors(text, word):
     (["mount", "ftp://x/y", "/tmp/x", "--foreground"], "s3://"),
     (["mount", "/tmp", "/nonexistent/mnt", "--foreground"], "does not exist"),
     (["mount", "/nonexistent/src", "/tmp", "--foreground"], "does not exist"),
+    (["mount", "/tmp", "/tmp/x", "--endpoint-url", "notaurl"], "http(s)://HOST"),
+    (["mount", "/tmp", "/tmp/x", "--endpoint-url", "http://h:port"], "http(s)://HOST"),
+    (["mount", "/tmp", "/tmp/x", "--shared-cache", "s3://c", "--shared-cache-endpoint",
+      "c:9000"], "--shared-cache-endpoint"),
     (["umount", "/tmp"], "not mounted"),
     (["stats", "/tmp"], "not a NeuralCache mount"),
 ])
@@ -81,6 +92,57 @@ def test_cli_bad_input_is_one_line(argv, word, capsys, tmp_path):
     assert err.count("\n") == 1 and err.startswith("neuralcache: error:"), err
     assert word in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", ["file", "no parent"])
+def test_an_unusable_cache_dir_is_one_line(kind, capsys, tmp_path):
+    (tmp_path / "mnt").mkdir()
+    bad = tmp_path / "afile"
+    bad.write_text("x")
+    if kind == "no parent":
+        bad = bad / "sub"
+    for fg in ([], ["--foreground"]):
+        rc = cli.main(["mount", "/tmp", str(tmp_path / "mnt"), "--cache-dir", str(bad)] + fg)
+        err = capsys.readouterr().err
+        assert rc == 1 and err.count("\n") == 1, err
+        assert "cannot use cache directory" in err and "--cache-dir" in err
+
+
+def test_an_unwritable_log_file_is_one_line_that_does_not_point_at_it(tmp_path):
+    """The daemon sets its log up after the fork: a log it cannot open is reported
+    through the ready pipe, not as "see <that log>"."""
+    import subprocess
+    import sys
+    (tmp_path / "mnt").mkdir()
+    r = subprocess.run([sys.executable, "-m", "neuralcache", "mount", "/tmp",
+                        str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c"),
+                        "--log-file", "/proc/nope/x.log"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot write the log file" in r.stderr and "--log-file" in r.stderr
+
+
+def test_a_dead_mount_on_the_mountpoint_is_busy_not_missing(monkeypatch, tmp_path):
+    """A killed daemon's mount fails stat (ENOTCONN): the mount table says why."""
+    from neuralcache import daemon
+    from neuralcache.admin import mounts
+    gone = tmp_path / "dead"                     # os.path.exists() is False, as there
+    monkeypatch.setattr(mounts, "find_mount", lambda p: mounts.MountEntry(
+        str(gone), "fuse.neuralcache", "neuralcache"))
+    with pytest.raises(UserError) as e:
+        daemon.check_mountpoint(str(gone))
+    assert "busy" in str(e.value) and "neuralcache umount" in str(e.value)
+
+
+@pytest.mark.parametrize("argv", [["stats", "/tmp", "--watch", "--interval", "0"],
+                                  ["stats", "/tmp", "--interval", "-1"],
+                                  ["warm", "/tmp", "-j", "0"]])
+def test_numbers_that_must_be_positive_are_checked_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert "invalid positive" in capsys.readouterr().err
 
 
 def test_help_lists_every_option(capsys):

@@ -22,7 +22,6 @@ def start_daemon(cfg: MountConfig, serve_here: Callable[[MountConfig, int], int]
     interpreter: this process has imported only the light CLI, so the child starts
     single-threaded and pays for the daemon's imports once (a re-exec paid for
     Python's start and the CLI again: 0.5 s of every mount)."""
-    os.makedirs(cfg.cache_dir, mode=0o700, exist_ok=True)
     r, w = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -39,8 +39,8 @@ def _add_mount_args(p: argparse.ArgumentParser) -> None:
                    help="s3://BUCKET[/PREFIX] or a directory (e.g. an NFS mount)")
     p.add_argument("mountpoint", nargs="?", help="an existing directory")
     p.add_argument("--config", metavar="FILE",
-                   help="TOML file with source, mountpoint and any option below "
-                        "(flags and -o override it; see systemd/example.toml)")
+                   help="TOML file with source, mountpoint and any option below but "
+                        "-f (flags and -o override it; see systemd/example.toml)")
     for name, (_, help_text) in OPTIONS.items():
         flag = "--" + name.replace("_", "-")
         if name in ("readahead", "prefetch"):
@@ -103,7 +103,37 @@ def build_config(args: argparse.Namespace) -> MountConfig:
             cfg.metadata_ttl = 0.0
     if cfg.endpoint_url is None and os.environ.get("AWS_ENDPOINT_URL"):
         cfg.endpoint_url = os.environ["AWS_ENDPOINT_URL"]
+    for flag, url in (("--endpoint-url", cfg.endpoint_url),
+                      ("--shared-cache-endpoint", cfg.shared_cache_endpoint)):
+        _check_url(flag, url)
     return cfg
+
+
+def _check_url(flag: str, url: str | None) -> None:
+    from urllib.parse import urlsplit
+    if url is None:
+        return
+    try:
+        parts = urlsplit(url)
+        parts.port                       # (raises on a port that is not a number)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"bad {flag} {url!r}: expected http(s)://HOST[:PORT]")
+
+
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache directory (0700) if missing; a one-line error if it cannot be
+    used (a file, no such parent, read-only, no permission)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        ok = os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+        why = "not a writable directory"
+    except OSError as exc:
+        ok, why = False, exc.strerror or str(exc)
+    if not ok:
+        raise UserError(f"cannot use cache directory {path}: {why}; pick another "
+                        "--cache-dir")
 
 
 def _setup_logging(cfg: MountConfig, to_file: str | None) -> None:
@@ -126,6 +156,7 @@ def _setup_logging(cfg: MountConfig, to_file: str | None) -> None:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     cfg = build_config(args)
+    prepare_cache_dir(cfg.cache_dir)
     if cfg.foreground:
         return _mount_here(cfg, None)
     return start_daemon(cfg, _mount_here)
@@ -137,7 +168,6 @@ def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
     log_file = None
     if ready_fd is not None:
         log_file = cfg.log_file or os.path.join(cfg.cache_dir, "neuralcache.log")
-    _setup_logging(cfg, log_file)
 
     def report(line: str) -> None:
         if ready_fd is not None:
@@ -146,6 +176,14 @@ def _mount_here(cfg: MountConfig, ready_fd: int | None) -> int:
                 os.close(ready_fd)
             except OSError:
                 pass
+
+    try:
+        _setup_logging(cfg, log_file)
+    except OSError as exc:
+        msg = (f"cannot write the log file {exc.filename or log_file}: "
+               f"{exc.strerror or exc}; check --log-file")
+        report(f"ERROR {msg}")
+        raise UserError(msg) from None
 
     def on_ready(_):
         if ready_fd is None:
@@ -417,6 +455,18 @@ def watch_stats(mp: str, first: dict, interval: float) -> int:
         return 0
 
 
+def _positive(kind):
+    """argparse type: a number above 0 (argparse turns the ValueError into its usage
+    line and exit 2)."""
+    def parse(text: str):
+        v = kind(text)
+        if not v > 0:
+            raise ValueError(text)
+        return v
+    parse.__name__ = f"positive {kind.__name__}"   # argparse names it in the error
+    return parse
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     read_stats(args.mountpoint)   # checks it is a live NeuralCache mount
     with open(os.path.join(args.mountpoint, mounts.CONTROL_DIR, "trace"), "rb") as f:
@@ -424,8 +474,11 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.out == "-":
         sys.stdout.buffer.write(data)
     else:
-        with open(args.out, "wb") as f:
-            f.write(data)
+        try:
+            with open(args.out, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise UserError(f"cannot write {args.out}: {exc.strerror or exc}") from None
         n = data.count(b"\n")
         print(f"neuralcache: wrote {n} events to {args.out}")
     return 0
@@ -477,10 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     y.set_defaults(func=cmd_sync)
     s = sub.add_parser("stats", help="print live counters of a mount")
     s.add_argument("mountpoint")
-    s.add_argument("--json", action="store_true", help="machine-readable (keys in README)")
+    s.add_argument("--json", action="store_true",
+                   help="machine-readable (keys in docs/operations.md)")
     s.add_argument("--watch", action="store_true",
                    help="live view: rates every --interval seconds until Ctrl-C")
-    s.add_argument("--interval", type=float, default=1.0, help="seconds between lines (1)")
+    s.add_argument("--interval", type=_positive(float), default=1.0,
+                   help="seconds between lines (1)")
     s.set_defaults(func=cmd_stats)
     w = sub.add_parser("warm", help="fetch files into the cache ahead of a job",
                        description="Read files through the mount so they are cached "
@@ -490,7 +545,8 @@ def build_parser() -> argparse.ArgumentParser:
                                             "to the mount (default: everything)")
     w.add_argument("--from-file", metavar="FILE",
                    help="also warm the paths listed in FILE, one per line (- for stdin)")
-    w.add_argument("-j", "--jobs", type=int, default=16, help="files read at once (16)")
+    w.add_argument("-j", "--jobs", type=_positive(int), default=16,
+                   help="files read at once (16)")
     w.add_argument("--check", action="store_true",
                    help="only report how much is already cached")
     w.set_defaults(func=cmd_warm)

@@ -191,13 +191,18 @@ def parse_o_options(text: str) -> dict[str, object]:
     mount(8) options that are not ours (_netdev, nofail, noauto, user, ...) are
     accepted and ignored so fstab lines work."""
     out: dict[str, object] = {}
-    ignored = {"_netdev", "nofail", "noauto", "auto", "user", "users",
-               "nouser", "defaults", "noexec", "exec", "nosuid", "suid", "nodev", "dev",
-               "noatime", "relatime", "x-systemd.automount"}
+    # mount(8)'s own words (fstab(5), mount(8) "FILESYSTEM-INDEPENDENT MOUNT OPTIONS")
+    # that mean nothing to this filesystem
+    ignored = {"_netdev", "nofail", "noauto", "auto", "user", "users", "nouser", "owner",
+               "group", "defaults", "noexec", "exec", "nosuid", "suid", "nodev", "dev",
+               "noatime", "atime", "relatime", "norelatime", "strictatime",
+               "nostrictatime", "lazytime", "nolazytime", "nodiratime", "diratime",
+               "async", "sync", "dirsync", "silent", "loud", "iversion", "noiversion",
+               "mand", "nomand", "x-systemd.automount"}
     for item in filter(None, (s.strip() for s in text.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
-        if key in ignored or key.startswith("x-") or key.startswith("comment="):
+        if key in ignored or key.startswith("x-") or key == "comment":
             continue
         if key in ("rw", "ro") and not eq:
             out["writable"] = key == "rw"

@@ -33,7 +33,11 @@ def collect(mountpoint: str, paths: list[str], list_file: str | None) -> list[tu
     root = os.path.abspath(mountpoint)
     items: list[str] = list(paths)
     if list_file:
-        src = sys.stdin if list_file == "-" else open(list_file, encoding="utf-8")
+        try:
+            src = sys.stdin if list_file == "-" else open(list_file, encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"cannot read --from-file {list_file}: "
+                            f"{exc.strerror or exc}") from None
         with src:
             items += [ln.strip() for ln in src if ln.strip() and not ln.startswith("#")]
     if not items:
