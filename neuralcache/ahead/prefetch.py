@@ -419,6 +419,13 @@ class Prefetcher:
                 n = self.store.block_range(pinned, i)[1]
                 if stage and room < n:
                     break                            # (a block the disk has no room for)
+                # Past memory's budget a block on disk is nothing to stage: the file
+                # counts as planned (below) and its open reads it from disk.  Not left
+                # unplanned to load into memory once the budget frees (a review's
+                # proposal): each pump then looked at every such file again; with a
+                # 64 MiB memory tier, 3,000 cached files read at 554/616 files/s
+                # against 1,241/1,104, 1.7-1.8 CPU-ms per file against 0.7-0.8
+                # (bench.breakdown --size 8M --files 3000, bench/RESULTS.md).
                 if self.store.in_memory(pinned, i) or ((stage or node.size > DISK_LOAD_MAX)
                                                        and self.store.cached(pinned, i)):
                     continue
