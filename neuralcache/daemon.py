@@ -212,6 +212,8 @@ async def _open_journal(cfg, backend, ns: Namespace, sub: str):
     sd_notify("STATUS=finishing uploads left in the write journal")
     before = _note_endpoint(cfg, sub)
     n = await writes.recover()
+    if cfg.writable:
+        await writes.measure_limits()
     if n and before is not None:
         log.warning("journal: the %d operations left by a mount through endpoint %s were "
                     "finished through %s", n, before or "(default)",

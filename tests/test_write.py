@@ -671,6 +671,47 @@ def test_read_only_without_writable_is_erofs(seaweed, s3, bucket, tmp_path):
     assert in_bucket(s3, bucket) == {"d/a.bin": b"data"}
 
 
+@needs_fuse
+@pytest.mark.e2e
+def test_posix_source_sparse_file_and_a_length_past_the_journals_largest_file(tmp_path):
+    """A checkpoint truncated to 1 GiB with a few bytes at its end lands in the source
+    as sparse as it was written (it was written out as a gigabyte of zeros; a terabyte
+    filled the disk); a write past the largest file the journal's filesystem holds is
+    EFBIG at the syscall (it was answered, then killed the daemon)."""
+    from neuralcache.write.limits import largest_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    limit = min(largest_file(str(cache)), largest_file(str(src)))
+    with mounted(str(src), tmp_path / "mnt", cache_dir=cache, args=["-o", "rw"]) as mp:
+        with open(mp / "sparse.pt", "wb") as f:
+            f.write(b"head")
+            f.truncate(1 << 30)
+            f.seek((1 << 30) - 4)
+            f.write(b"tail")
+        (mp / "keep.bin").write_bytes(b"kept")
+        if limit < (1 << 62):                # (a filesystem of 2**63 - 1: no such write)
+            fd = os.open(mp / "big.pt", os.O_CREAT | os.O_WRONLY, 0o644)
+            try:
+                with pytest.raises(OSError) as e:
+                    os.pwrite(fd, b"x", limit)
+                assert e.value.errno == errno.EFBIG
+            finally:
+                os.close(fd)
+            os.unlink(mp / "big.pt")
+        sync(mp, None)
+        assert (mp / "keep.bin").read_bytes() == b"kept"        # the daemon is alive
+        with open(mp / "sparse.pt", "rb") as f:
+            assert f.read(4) == b"head"
+            f.seek((1 << 30) - 4)
+            assert f.read() == b"tail"
+    st = (src / "sparse.pt").stat()
+    assert st.st_size == 1 << 30 and st.st_blocks * 512 < 16 << 20
+    assert (src / "keep.bin").read_bytes() == b"kept" and not (src / "big.pt").exists()
+
+
 def test_posix_source_writes(tmp_path):
     src = tmp_path / "src"
     (src / "data").mkdir(parents=True)

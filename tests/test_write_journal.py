@@ -11,7 +11,8 @@ import pytest
 import trio
 
 from neuralcache.backends.base import ObjectInfo
-from neuralcache.errors import JournalFull, NotFound, PermissionDenied, Unavailable
+from neuralcache.errors import (JournalError, JournalFull, NotFound, PermissionDenied,
+                                Unavailable)
 from neuralcache.write import opqueue, uploader as upmod
 from neuralcache.write.journal import Committer, Journal
 from neuralcache.write.opqueue import Op, OpQueue
@@ -654,6 +655,109 @@ def test_a_write_that_does_not_land_fails_the_file_until_truncated(tmp_path, mon
 
     trio.run(main)
     os.close(lf.fd)
+
+
+@pytest.mark.parametrize("fail", ["toobig", "bug"])
+def test_a_landing_that_raises_anything_fails_its_file_not_the_daemon(tmp_path, monkeypatch,
+                                                                      fail):
+    """A write past the journal filesystem's largest file (EFBIG: FileTooBig), or a bug
+    in the landing, killed the daemon through the write layer's nursery: now it
+    fails that file's next write and close, like a full disk."""
+    from neuralcache.errors import FileTooBig
+
+    exc = FileTooBig("larger than the journal's filesystem allows") if fail == "toobig" \
+        else KeyError("a bug")
+    _slow_landing(monkeypatch, b"x", fail=exc)
+    layer, node, lf = _layer_with_local_file(tmp_path)
+    want = FileTooBig if fail == "toobig" else JournalError
+
+    async def main():
+        async with trio.open_nursery() as n:
+            layer.behind.nursery = n
+            h = await layer.open(node, os.O_RDWR, 1)
+            await layer.write(h, 0, b"x" * 100)         # answered; it will not land
+            await layer.behind.drained(lf)
+            assert layer.behind.failures == 1
+            with pytest.raises(want):
+                await layer.flush(h)
+            layer.behind.nursery = None
+
+    trio.run(main)                                      # (the nursery did not fail)
+    os.close(lf.fd)
+
+
+def test_a_length_past_the_journal_filesystems_largest_file_is_refused(tmp_path):
+    """``largest_file`` measures it without writing data; the layer refuses a write or
+    truncate past it with EFBIG at the syscall, as a local filesystem does."""
+    from neuralcache.errors import FileTooBig
+    from neuralcache.write.limits import largest_file
+
+    limit = largest_file(str(tmp_path))
+    assert (1 << 40) <= limit < 1 << 63 and not os.listdir(tmp_path)
+    layer, node, lf = _layer_with_local_file(tmp_path / "j")
+
+    async def main():
+        await layer.measure_limits()
+        assert layer.journal_max == largest_file(layer.journal.staging_dir)
+        layer.journal_max = 1 << 20                     # as if its filesystem were tiny
+        h = await layer.open(node, os.O_RDWR, 1)
+        with pytest.raises(FileTooBig):
+            await layer.write(h, (1 << 20) - 2, b"abc")
+        with pytest.raises(FileTooBig):
+            await layer.setattr(node, (1 << 20) + 1, None, h)
+        assert await layer.write(h, (1 << 20) - 3, b"abc") == 3
+
+    trio.run(main)
+    os.close(lf.fd)
+
+
+def test_a_posix_source_keeps_the_holes_of_a_sparse_upload(tmp_path):
+    """A sparse staging file (a truncate to 1 GiB, a few bytes at its end) lands in a
+    POSIX source as sparse as it is; a hole over bytes an earlier try of the same part
+    wrote is zeros there."""
+    from neuralcache.backends.base import FileWindow
+    from neuralcache.backends.posix import PosixBackend
+
+    src = tmp_path / "src"
+    src.mkdir()
+    staging = tmp_path / "staging"
+    with open(staging, "wb") as f:
+        f.write(b"head")
+        f.truncate(1 << 30)
+        f.seek((1 << 30) - 4)
+        f.write(b"tail")
+    be = PosixBackend(str(src))
+    be.measure_limits()
+    assert be.max_object_size >= 1 << 40 and not os.listdir(src)
+    fd = os.open(staging, os.O_RDONLY)
+    try:
+        up = be.create_multipart("sparse.bin")
+        part = be.upload_part("sparse.bin", up, 1, 0, FileWindow(fd, 0, 1 << 30))
+        be.complete_multipart("sparse.bin", up, [(1, part)], 1 << 30)
+    finally:
+        os.close(fd)
+    out = src / "sparse.bin"
+    st = out.stat()
+    assert st.st_size == 1 << 30 and st.st_blocks * 512 < 1 << 20     # not 1 GiB of zeros
+    with open(out, "rb") as f:
+        assert f.read(4) == b"head"
+        f.seek((1 << 30) - 4)
+        assert f.read() == b"tail"
+        f.seek(1 << 29)
+        assert f.read(1 << 20) == bytes(1 << 20)
+    # a part sent again over what an earlier try wrote: its holes are zeros there
+    with open(staging, "wb") as f:
+        f.truncate(3 << 20)
+    fd = os.open(staging, os.O_RDONLY)
+    try:
+        up = be.create_multipart("again.bin")
+        path = src / up
+        path.write_bytes(b"\xff" * (2 << 20))            # the earlier try's bytes
+        part = be.upload_part("again.bin", up, 1, 0, FileWindow(fd, 0, 3 << 20))
+        be.complete_multipart("again.bin", up, [(1, part)], 3 << 20)
+    finally:
+        os.close(fd)
+    assert (src / "again.bin").read_bytes() == bytes(3 << 20)
 
 
 def test_an_unlink_returns_once_its_staging_file_is_deleted(tmp_path):

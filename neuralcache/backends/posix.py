@@ -71,9 +71,72 @@ def _map_oserror(exc: OSError, what: str) -> Exception:
     return Unavailable(f"{what}: {os.strerror(exc.errno or 0)}")
 
 
+def _pwrite_all(fd: int, data, off: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, off)
+        view, off = view[n:], off + n
+
+
+_ZEROS = bytes(FileWindow.CHUNK)
+
+
+def _write_part(fd: int, data, offset: int) -> None:
+    """A part's bytes (``data``: bytes, or a FileWindow on the staging file) into ``fd``
+    at ``offset``, keeping holes: a sparse checkpoint (``ftruncate`` to 1 TiB, a few
+    bytes at its end) lands as sparse as it was written, not as a terabyte of zeros.
+    A run of zeros is written only over data ``fd`` already holds there (an earlier
+    try of the part); a hole stays a hole (``complete_multipart`` sets the size).  A
+    window's holes are found without reading them (SEEK_DATA / SEEK_HOLE)."""
+    if not isinstance(data, FileWindow):
+        view = memoryview(data)
+        for pos in range(0, len(view), FileWindow.CHUNK):
+            chunk = view[pos:pos + FileWindow.CHUNK]
+            if chunk == _ZEROS[:len(chunk)]:
+                _zero_data(fd, offset + pos, offset + pos + len(chunk))
+            else:
+                _pwrite_all(fd, chunk, offset + pos)
+        return
+    start, end = data.offset, data.offset + data.length
+    pos = start
+    while pos < end:
+        data_at, hole_at = _extent(data.fd, pos, end)
+        _zero_data(fd, offset + pos - start, offset + data_at - start)   # (a hole)
+        pos = data_at
+        while pos < hole_at:
+            chunk = os.pread(data.fd, min(FileWindow.CHUNK, hole_at - pos), pos)
+            if not chunk:
+                raise OSError(errno.EIO, "file shorter than the part being sent")
+            _write_part(fd, chunk, offset + pos - start)
+            pos += len(chunk)
+
+
+def _extent(fd: int, pos: int, end: int) -> tuple[int, int]:
+    """(where the next data of ``fd`` at or after ``pos`` starts, where it ends), both
+    within ``end``; (end, end) when there is none.  A filesystem without holes reports
+    all of it as data."""
+    try:
+        data_at = min(os.lseek(fd, pos, os.SEEK_DATA), end)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:      # ENXIO: no data past pos
+            raise
+        return end, end
+    return data_at, min(os.lseek(fd, data_at, os.SEEK_HOLE), end) if data_at < end else end
+
+
+def _zero_data(fd: int, lo: int, hi: int) -> None:
+    """Zeros over whatever data ``fd`` holds in ``[lo, hi)``; its holes stay."""
+    while lo < hi:
+        data_at, hole_at = _extent(fd, lo, hi)
+        for at in range(data_at, hole_at, FileWindow.CHUNK):
+            _pwrite_all(fd, _ZEROS[:min(FileWindow.CHUNK, hole_at - at)], at)
+        lo = hole_at
+
+
 class PosixBackend:
-    # No object size limit of its own (the filesystem's shows as EFBIG from the
-    # journal's staging file); a path is at most PATH_MAX (4,096 bytes with its NUL).
+    # The source filesystem's largest file, measured by a --writable mount
+    # (``measure_limits``; until then None: unchecked); a path is at most PATH_MAX
+    # (4,096 bytes with its NUL).
     max_object_size = None
     max_key_bytes = 4095
     # A buffers.Recycler that block reads land in (the daemon sets it), as for S3.
@@ -86,6 +149,17 @@ class PosixBackend:
         self.root = os.path.realpath(root)
         self.description = self.root
         self.lists_over_network = network_fs(self.root)
+
+    def measure_limits(self) -> None:
+        """``max_object_size`` from the source filesystem (write/limits.py
+        ``largest_file``: 63 ftruncates of an unlinked temporary file in the root; a
+        network filesystem's round trip each, once per mount).  A source where that
+        fails (read-only, no permission) stays unchecked: its writes fail anyway."""
+        from ..write.limits import largest_file
+        try:
+            self.max_object_size = largest_file(self.root, TMP_PREFIX)
+        except OSError as exc:
+            log.warning("%s: cannot measure the largest file it holds (%s)", self.root, exc)
 
     def check(self) -> None:
         if not os.path.exists(self.root):
@@ -256,14 +330,7 @@ class PosixBackend:
         except OSError as exc:
             raise _map_oserror(exc, f"{key} (upload)") from None
         try:
-            off = offset
-            chunks = iter(lambda: data.read(FileWindow.CHUNK), b"") \
-                if isinstance(data, FileWindow) else (data,)
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:
-                    n = os.pwrite(fd, view, off)
-                    view, off = view[n:], off + n
+            _write_part(fd, data, offset)
         except OSError as exc:
             raise _map_oserror(exc, key) from None
         finally:

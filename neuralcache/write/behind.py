@@ -18,7 +18,7 @@ What keeps it exact (the rules write/layer.py relies on):
 * A write that finds the journal's disk full waits, holding its place, while uploads
   in flight can free space (``room``: write/layer.py ``_journal_room``) and lands
   then; only a write that nothing can make room for fails with ENOSPC.
-* A write that fails to land (ENOSPC, EIO) marks its file: the file's next write,
+* A write that fails to land (ENOSPC, EIO, EFBIG) marks its file: the file's next write,
   ``close()`` and ``fsync()`` fail with that error and its data is not journaled (the
   remote keeps the previous version) until a truncate cuts below the failed range
   (``O_TRUNC``, ``ftruncate``) or the file is unlinked.  Local disks report a failed
@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import os
 from typing import Awaitable, Callable
 
 import trio
 
-from ..errors import JournalError, JournalFull
+from ..errors import FileTooBig, JournalError, JournalFull
 from .files import LocalFile, pwrite_all
 from .journal import journal_error
+
+log = logging.getLogger(__name__)
 
 # Bytes answered but not yet in staging files, all files together: 16 FUSE writes of
 # 1 MiB (the mount's max_write) -- enough for a writer never to wait on a healthy
@@ -125,14 +128,17 @@ class WriteBehind:
                         fd = os.dup(lf.fd)        # _pwrite_own closed the last one
                     except OSError as exc:
                         raise journal_error(exc, "writing to the journal") from None
-        except BaseException as exc:    # JournalError; anything else (the daemon
-            self.failures += 1          # stopping) marks the file the same way
-            if lf.error is None or off < lf.error_at:
-                lf.error = exc if isinstance(exc, JournalError) else \
+        except BaseException as exc:    # JournalError, FileTooBig (past the journal
+            self.failures += 1          # filesystem's largest file); anything else (a
+            known = isinstance(exc, (JournalError, FileTooBig))   # bug, the daemon
+            if lf.error is None or off < lf.error_at:             # stopping) marks
+                lf.error = exc if known else \
                     JournalError(f"{lf.key}: a write did not reach the journal")
-                lf.error_at = off
-            if not isinstance(exc, JournalError):
-                raise
+                lf.error_at = off       # the file the same way
+            if not isinstance(exc, Exception):
+                raise                   # cancelled: the daemon is stopping
+            if not known:               # a bug fails this file, never the daemon
+                log.error("%s: a write did not reach the journal", lf.key, exc_info=exc)
             return
         finally:
             del lf.inflight[token]

@@ -30,7 +30,7 @@ from ..store.blocks import Pinned
 from .files import (LOCAL_VERSION, WRITEBACK_STEP, LocalFile, ReadHandle, SyncHandle,
                     WriteHandle, copy_prefix, fsync, pread, pwrite_all, truncate)
 from .journal import JOURNAL_DIR, Committer, Journal
-from .limits import check_key, check_name, check_size
+from .limits import check_key, check_name, check_size, largest_file
 from .stream import START_PARTS
 from .barriers import Barriers
 from .behind import WriteBehind
@@ -70,6 +70,8 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         self.uploader = Uploader(backend, self.journal, self.committer, self.queue,
                                  sealed=self._sealed, on_done=self._on_done,
                                  on_copied=self._moved)
+        # the journal filesystem's largest file (``measure_limits``; None: unchecked)
+        self.journal_max: int | None = None
         self.files: dict[int, LocalFile] = {}          # inode -> journal state
         # inode -> its write handles that have not written yet (no LocalFile attached)
         self._lazy: dict[int, set[WriteHandle]] = {}
@@ -95,6 +97,16 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         self._nursery: trio.Nursery | None = None
 
     # -- background ------------------------------------------------------------------
+    async def measure_limits(self) -> None:
+        """The largest file the journal's filesystem (and a POSIX source's: the
+        backend's ``measure_limits``) can hold, so that a write past it is refused
+        (EFBIG) instead of failing after it was answered."""
+        self.journal_max = await trio.to_thread.run_sync(largest_file,
+                                                         self.journal.staging_dir)
+        measure = getattr(self.backend, "measure_limits", None)
+        if measure is not None:
+            await trio.to_thread.run_sync(measure)
+
     async def run(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The committer and the uploader; runs until cancelled."""
         async with trio.open_nursery() as n:
@@ -294,7 +306,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         if not isinstance(h, WriteHandle):
             raise NotSupported("not open for writing")
         lf = await self._local(h)
-        check_size(self.backend, (lf.size if h.append else off) + len(buf))
+        check_size(self.backend, (lf.size if h.append else off) + len(buf), self.journal_max)
         while True:
             if lf.sealed:
                 async with lf.gate.held_exclusive():
@@ -352,7 +364,7 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         if size is not None:
             if node.is_dir:
                 raise NotSupported(f"{node.key} is a directory")
-            check_size(self.backend, size)
+            check_size(self.backend, size, self.journal_max)
             lf = self._current_lf(h) if isinstance(h, WriteHandle) else None
             lf = lf or self.files.get(node.inode) or \
                 await self._new_local(node.key, node, min(size, node.size))

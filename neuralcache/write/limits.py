@@ -3,9 +3,15 @@ length: a change the remote cannot take is refused by the syscall that asks for 
 (ENAMETOOLONG, EFBIG), never accepted into the journal to fail at upload forever.
 
 The limits are the backend's (``max_key_bytes``, ``max_object_size``, ``key_bytes``:
-backends/s3.py and backends/posix.py say where they come from).
+backends/s3.py and backends/posix.py say where they come from) and the journal's: a
+file is staged there before it is uploaded, so a length its filesystem cannot hold
+is refused too (``largest_file``).
 """
 from __future__ import annotations
+
+import errno
+import os
+import tempfile
 
 from ..backends.base import NAME_MAX
 from ..errors import FileTooBig, NameTooLong
@@ -26,8 +32,37 @@ def check_key(backend, key: str, longest_below: int = 0) -> None:
         raise NameTooLong(f"{key[:60]}...: longer than the remote's {limit}-byte keys")
 
 
-def check_size(backend, size: int) -> None:
-    """A file of ``size`` bytes fits the remote's largest object."""
+def check_size(backend, size: int, journal_max: int | None = None) -> None:
+    """A file of ``size`` bytes fits the remote's largest object and the journal
+    filesystem's largest file (``journal_max``: ``largest_file`` of its staging
+    directory; past it a write fails in its worker thread, after it was answered)."""
     limit = getattr(backend, "max_object_size", None)
     if limit is not None and size > limit:
         raise FileTooBig(f"{size} bytes: the remote holds objects of at most {limit} bytes")
+    if journal_max is not None and size > journal_max:
+        raise FileTooBig(f"{size} bytes: the write journal's filesystem holds files of at "
+                         f"most {journal_max} bytes")
+
+
+def largest_file(directory: str, prefix: str = ".nc-size-") -> int:
+    """The largest size a file in ``directory`` may have: a binary search with
+    ``ftruncate`` on an unlinked, empty temporary file (63 calls, no data written; ext4
+    with 4 KiB blocks: 16 TiB - 4 KiB; XFS, tmpfs: 2**63 - 1).  Blocking: call it
+    from a worker thread."""
+    fd, path = tempfile.mkstemp(prefix=prefix, dir=directory)
+    try:
+        os.unlink(path)
+        lo, hi = 0, 1 << 63          # lo fits, hi does not (2**63 is past off_t)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                os.ftruncate(fd, mid)
+                lo = mid
+            except OSError as exc:
+                if exc.errno not in (errno.EFBIG, errno.EINVAL):
+                    raise
+                hi = mid
+        os.ftruncate(fd, 0)
+        return lo
+    finally:
+        os.close(fd)
