@@ -17,7 +17,8 @@ import time
 
 from .. import __version__
 from . import mounts
-from .config import OPTIONS, MountConfig, load_config_file, parse_o_options
+from .config import (OPTIONS, MountConfig, check_url, load_config_file, parse_o_options,
+                     prepare_cache_dir)
 from ..errors import UserError
 from .background import start_daemon
 from .sizes import format_size
@@ -105,35 +106,8 @@ def build_config(args: argparse.Namespace) -> MountConfig:
         cfg.endpoint_url = os.environ["AWS_ENDPOINT_URL"]
     for flag, url in (("--endpoint-url", cfg.endpoint_url),
                       ("--shared-cache-endpoint", cfg.shared_cache_endpoint)):
-        _check_url(flag, url)
+        check_url(flag, url)
     return cfg
-
-
-def _check_url(flag: str, url: str | None) -> None:
-    from urllib.parse import urlsplit
-    if url is None:
-        return
-    try:
-        parts = urlsplit(url)
-        parts.port                       # (raises on a port that is not a number)
-    except ValueError:
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"bad {flag} {url!r}: expected http(s)://HOST[:PORT]")
-
-
-def prepare_cache_dir(path: str) -> None:
-    """Create the cache directory (0700) if missing; a one-line error if it cannot be
-    used (a file, no such parent, read-only, no permission)."""
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        ok = os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
-        why = "not a writable directory"
-    except OSError as exc:
-        ok, why = False, exc.strerror or str(exc)
-    if not ok:
-        raise UserError(f"cannot use cache directory {path}: {why}; pick another "
-                        "--cache-dir")
 
 
 def _setup_logging(cfg: MountConfig, to_file: str | None) -> None:

@@ -255,3 +255,31 @@ def load_config_file(path: str) -> dict[str, object]:
         out[name] = parser(value) if isinstance(value, bool) and parser is _bool \
             else parser(str(value).lower() if isinstance(value, bool) else str(value))
     return out
+
+
+def check_url(flag: str, url: str | None) -> None:
+    """An endpoint option's value is http(s)://HOST[:PORT], else a one-line error."""
+    from urllib.parse import urlsplit
+    if url is None:
+        return
+    try:
+        parts = urlsplit(url)
+        parts.port                       # (raises on a port that is not a number)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UserError(f"bad {flag} {url!r}: expected http(s)://HOST[:PORT]")
+
+
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache directory (0700) if missing; a one-line error if it cannot be
+    used (a file, no such parent, read-only, no permission)."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        ok = os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+        why = "not a writable directory"
+    except OSError as exc:
+        ok, why = False, exc.strerror or str(exc)
+    if not ok:
+        raise UserError(f"cannot use cache directory {path}: {why}; pick another "
+                        "--cache-dir")

@@ -32,6 +32,10 @@ def check_key(backend, key: str, longest_below: int = 0) -> None:
         raise NameTooLong(f"{key[:60]}...: longer than the remote's {limit}-byte keys")
 
 
+# The extension that tells a filesystem with holes from one without (st_blocks stays 0).
+SPARSE_PROBE = 1 << 20
+
+
 def check_size(backend, size: int, journal_max: int | None = None) -> None:
     """A file of ``size`` bytes fits the remote's largest object and the journal
     filesystem's largest file (``journal_max``: ``largest_file`` of its staging
@@ -44,14 +48,19 @@ def check_size(backend, size: int, journal_max: int | None = None) -> None:
                          f"most {journal_max} bytes")
 
 
-def largest_file(directory: str, prefix: str = ".nc-size-") -> int:
+def largest_file(directory: str, prefix: str = ".nc-size-") -> int | None:
     """The largest size a file in ``directory`` may have: a binary search with
     ``ftruncate`` on an unlinked, empty temporary file (63 calls, no data written; ext4
-    with 4 KiB blocks: 16 TiB - 4 KiB; XFS, tmpfs: 2**63 - 1).  Blocking: call it
-    from a worker thread."""
+    with 4 KiB blocks: 16 TiB - 4 KiB; XFS, tmpfs: 2**63 - 1).  None (not measured)
+    on a filesystem that allocates what ``ftruncate`` extends (no holes: FAT, some
+    FUSE filesystems), where the search would write that much.  Blocking: call it from
+    a worker thread."""
     fd, path = tempfile.mkstemp(prefix=prefix, dir=directory)
     try:
         os.unlink(path)
+        os.ftruncate(fd, SPARSE_PROBE)
+        if os.fstat(fd).st_blocks:
+            return None
         lo, hi = 0, 1 << 63          # lo fits, hi does not (2**63 is past off_t)
         while hi - lo > 1:
             mid = (lo + hi) // 2
