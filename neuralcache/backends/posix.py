@@ -117,11 +117,14 @@ def _extent(fd: int, pos: int, end: int) -> tuple[int, int]:
     all of it as data."""
     try:
         data_at = min(os.lseek(fd, pos, os.SEEK_DATA), end)
+        hole_at = min(os.lseek(fd, data_at, os.SEEK_HOLE), end) if data_at < end else end
     except OSError as exc:
-        if exc.errno != errno.ENXIO:      # ENXIO: no data past pos
-            raise
-        return end, end
-    return data_at, min(os.lseek(fd, data_at, os.SEEK_HOLE), end) if data_at < end else end
+        if exc.errno == errno.ENXIO:      # no data past pos
+            return end, end
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):   # no SEEK_DATA here
+            return pos, end
+        raise
+    return data_at, hole_at
 
 
 def _zero_data(fd: int, lo: int, hi: int) -> None:

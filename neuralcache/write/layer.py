@@ -101,8 +101,11 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         """The largest file the journal's filesystem (and a POSIX source's: the
         backend's ``measure_limits``) can hold, so that a write past it is refused
         (EFBIG) instead of failing after it was answered."""
-        self.journal_max = await trio.to_thread.run_sync(largest_file,
-                                                         self.journal.staging_dir)
+        try:
+            self.journal_max = await trio.to_thread.run_sync(largest_file,
+                                                             self.journal.staging_dir)
+        except OSError as exc:        # (unchecked then: a write past it fails its file)
+            log.warning("journal: cannot measure the largest file it holds (%s)", exc)
         measure = getattr(self.backend, "measure_limits", None)
         if measure is not None:
             await trio.to_thread.run_sync(measure)
