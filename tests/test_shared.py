@@ -238,9 +238,12 @@ def test_concurrent_cold_misses_fetch_each_block_about_once(s3, cluster, origin,
 
     # A breaker that opened means the tier stalled (the cluster shares 2 cores with
     # three nodes here: about one run in three): its nodes skipped the tier, so this
-    # run cannot judge the leases.  Measure once more on fresh nodes and a fresh prefix.
+    # run cannot judge the leases.  Requests past their deadline are the same on a
+    # smaller scale (each is a miss, by design, and its block comes from the origin:
+    # CI on 8e1e97b, 1.36x the dataset with 3 and 6 timeouts on two nodes).  Measure
+    # once more on fresh nodes and a fresh prefix.
     total, wan, ss = attempt(0)
-    if any(s["shared_breaker_trips"] for s in ss):
+    if any(s["shared_breaker_trips"] or s.get("shared_timeouts") for s in ss):
         total, wan, ss = attempt(1)
     fetched = sum(s["bytes_fetched"] for s in ss)
     # without leases each node would fetch all of it: 3x
