@@ -627,49 +627,22 @@ def test_overlapping_writes_land_in_the_order_they_were_answered(tmp_path, monke
     os.close(lf.fd)
 
 
-def test_a_write_that_does_not_land_fails_the_file_until_truncated(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fail", ["full", "toobig", "bug"])
+def test_a_write_that_does_not_land_fails_the_file_until_truncated(tmp_path, monkeypatch,
+                                                                   fail):
     """The disk refuses a write already answered: the file's next write and its
-    close() fail with that error (it is not journaled), until a truncate below it."""
-    from neuralcache.errors import JournalFull
-
-    _slow_landing(monkeypatch, b"x", fail=JournalFull("journal disk full"))
-    layer, node, lf = _layer_with_local_file(tmp_path)
-
-    async def main():
-        async with trio.open_nursery() as n:
-            layer.behind.nursery = n
-            h = await layer.open(node, os.O_RDWR, 1)
-            await layer.write(h, 0, b"x" * 100)         # answered; it will not land
-            await layer.behind.drained(lf)
-            assert layer.behind.failures == 1
-            with pytest.raises(JournalFull):
-                await layer.write(h, 100, b"y")
-            with pytest.raises(JournalFull):
-                await layer.flush(h)                    # close() fails: not journaled
-            assert lf.dirty
-            await layer.setattr(node, 0, None, h)       # O_TRUNC / ftruncate(0)
-            assert lf.error is None
-            await layer.write(h, 0, b"fine")
-            assert await layer.read(h, 0, 10) == b"fine"
-            layer.behind.nursery = None
-
-    trio.run(main)
-    os.close(lf.fd)
-
-
-@pytest.mark.parametrize("fail", ["toobig", "bug"])
-def test_a_landing_that_raises_anything_fails_its_file_not_the_daemon(tmp_path, monkeypatch,
-                                                                      fail):
-    """A write past the journal filesystem's largest file (EFBIG: FileTooBig), or a bug
-    in the landing, killed the daemon through the write layer's nursery: now it
-    fails that file's next write and close, like a full disk."""
+    close() fail with that error (it is not journaled), until a truncate below it.
+    The same for a write past the journal filesystem's largest file (EFBIG:
+    FileTooBig) or a bug in the landing, which killed the daemon through the write
+    layer's nursery: they fail the file, never the daemon."""
     from neuralcache.errors import FileTooBig
 
-    exc = FileTooBig("larger than the journal's filesystem allows") if fail == "toobig" \
-        else KeyError("a bug")
+    exc, want = {"full": (JournalFull("journal disk full"), JournalFull),
+                 "toobig": (FileTooBig("larger than the journal's filesystem allows"),
+                            FileTooBig),
+                 "bug": (KeyError("a bug"), JournalError)}[fail]
     _slow_landing(monkeypatch, b"x", fail=exc)
     layer, node, lf = _layer_with_local_file(tmp_path)
-    want = FileTooBig if fail == "toobig" else JournalError
 
     async def main():
         async with trio.open_nursery() as n:
@@ -679,7 +652,14 @@ def test_a_landing_that_raises_anything_fails_its_file_not_the_daemon(tmp_path, 
             await layer.behind.drained(lf)
             assert layer.behind.failures == 1
             with pytest.raises(want):
-                await layer.flush(h)
+                await layer.write(h, 100, b"y")
+            with pytest.raises(want):
+                await layer.flush(h)                    # close() fails: not journaled
+            assert lf.dirty
+            await layer.setattr(node, 0, None, h)       # O_TRUNC / ftruncate(0)
+            assert lf.error is None
+            await layer.write(h, 0, b"fine")
+            assert await layer.read(h, 0, 10) == b"fine"
             layer.behind.nursery = None
 
     trio.run(main)                                      # (the nursery did not fail)
