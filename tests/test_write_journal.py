@@ -169,6 +169,47 @@ def test_queue_orders_related_keys_and_waits_for_durability_and_sealing():
     trio.run(main)
 
 
+def test_a_delete_held_for_readers_waits_for_their_close_or_a_later_change():
+    """A file unlinked while open for reading keeps its remote object until its last
+    reader closes (opqueue.py); a barrier, an unmount or a later operation on a
+    related key lets the delete run at once."""
+    async def main():
+        q = OpQueue()
+        readers = {7: 1, 8: 1, 9: 1}
+        q.reading = lambda inode: readers.get(inode, 0)
+        d = q.new("delete", "a", durable=True, hold=7)
+        other = q.new("put", "b", staging="s1", durable=True)
+        assert list(q.runnable(lambda s: True)) == [other]
+        assert q.stats()["upload_held_deletes"] == 1
+        readers[7] = 0
+        q.readers_closed(7)
+        assert list(q.runnable(lambda s: True)) == [d, other]
+        q.finish(d), q.finish(other)
+        # a new file of that name, or under it as a directory: the delete goes first
+        for key in ("c", "c/x"):
+            held = q.new("delete", "c", durable=True, hold=8)
+            assert held not in list(q.runnable(lambda s: True))
+            later = q.new("put", key, staging="s2", durable=True)
+            assert held in list(q.runnable(lambda s: True)) and held.hold is None
+            q.finish(held), q.finish(later)
+        # a reader that closed without telling (its count fell to 0): not held
+        held = q.new("delete", "e", durable=True, hold=42)
+        assert held in list(q.runnable(lambda s: True))
+        q.finish(held)
+        # a barrier that waits for it runs it; so does unhold_all (unmount)
+        held = q.new("delete", "f", durable=True, hold=9)
+        with trio.move_on_after(0.05):
+            await q.wait([held])
+        assert held.hold is None and held in list(q.runnable(lambda s: True))
+        q.finish(held)
+        held = q.new("delete", "g", durable=True, hold=9)
+        q.unhold_all()
+        assert held in list(q.runnable(lambda s: True))
+        assert q.stats()["upload_held_deletes"] == 0
+
+    trio.run(main)
+
+
 def test_little_law_and_part_sizes():
     assert requests_for(0.2) == 8                 # 300 MB/s x 0.2 s / 8 MiB
     assert requests_for(0.001) == upmod.MIN_REQUESTS

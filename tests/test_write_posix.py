@@ -10,9 +10,9 @@ import time
 import pytest
 import trio
 
-from conftest import cli_env, mounted, needs_fuse, new_bucket, payload, run_cli
+from conftest import cli_env, eventually, mounted, needs_fuse, new_bucket, payload, run_cli
 from test_e2e import stats
-from test_write import (RefusingProxy, bucket, env, in_bucket, put_tree, s3,  # noqa: F401
+from test_write import (RefusingProxy, bucket, env, in_bucket, keys_in, put_tree, s3,  # noqa: F401
                         seaweed, shared_bucket, split, sync)     # the write tests' server and fixtures
 
 MB = 1 << 20
@@ -449,3 +449,60 @@ def test_truncate_by_path_twice(seaweed, s3, bucket, tmp_path, env):
         assert p.read_bytes() == bytes(567)
         sync(mp, env)
         assert in_bucket(s3, bucket) == {"t.bin": bytes(567)}
+
+
+# -- a file unlinked while open for reading: its readers read it to the end -----------
+@pytest.mark.e2e
+@needs_fuse
+def test_a_file_unlinked_while_open_for_reading_keeps_its_object_until_the_last_close(
+        seaweed, s3, bucket, tmp_path, env):
+    """As NFS's silly rename: the remote delete waits for the last reader here (the
+    old code deleted at once, and reads of what was not cached failed ENOENT).  The
+    unlink itself is journaled at once: a kill -9 meanwhile still deletes it, and so
+    does a new file of that name, and `neuralcache sync`."""
+    data, small = payload(11, 6 * MB), payload(12, 1000)
+    put_tree(s3, bucket, {"u.bin": data, "r.bin": small, "k.bin": small, "s.bin": small})
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        fds = [os.open(mp / "u.bin", os.O_RDONLY) for _ in range(2)]
+        assert os.pread(fds[0], 4096, 0) == data[:4096]
+        os.unlink(mp / "u.bin")
+        assert not (mp / "u.bin").exists() and "u.bin" not in os.listdir(mp)
+        assert os.fstat(fds[0]).st_nlink == 0
+        time.sleep(1.0)                         # (the old code: gone in milliseconds)
+        assert "u.bin" in keys_in(s3, bucket)
+        assert stats(mp)["upload_held_deletes"] == 1
+        os.close(fds[0])
+        assert os.pread(fds[1], len(data), 0) == data     # to its end, every byte
+        time.sleep(0.5)
+        assert "u.bin" in keys_in(s3, bucket)           # one reader is left
+        os.close(fds[1])
+        assert eventually(lambda: "u.bin" not in keys_in(s3, bucket), 10.0)
+        assert stats(mp)["upload_held_deletes"] == 0
+        # a new file of that name: the delete runs first, then its upload
+        fd = os.open(mp / "r.bin", os.O_RDONLY)
+        os.unlink(mp / "r.bin")
+        (mp / "r.bin").write_bytes(b"new r")
+        sync(mp, env)
+        assert in_bucket(s3, bucket)["r.bin"] == b"new r"
+        os.close(fd)
+        # `neuralcache sync` waits for every operation: the held delete too
+        fd = os.open(mp / "s.bin", os.O_RDONLY)
+        os.unlink(mp / "s.bin")
+        sync(mp, env)
+        assert "s.bin" not in keys_in(s3, bucket)
+        os.close(fd)
+        # kill -9 while held: the next mount finishes the journaled delete
+        fd = os.open(mp / "k.bin", os.O_RDONLY)
+        os.unlink(mp / "k.bin")
+        pid = stats(mp)["pid"]
+        os.kill(pid, 9)
+        try:
+            os.close(fd)
+        except OSError:                         # ECONNABORTED: the daemon is gone
+            pass
+        assert "k.bin" in keys_in(s3, bucket)
+        r = run_cli("umount", mp, env=env)
+        assert r.returncode == 0, r.stderr
+    with wmount(seaweed, bucket, tmp_path) as mp:
+        assert in_bucket(s3, bucket) == {"r.bin": b"new r"}
+        assert sorted(os.listdir(mp)) == ["r.bin"]

@@ -115,6 +115,9 @@ WRITE_GAUGES = {
     "neuralcache_upload_oldest_pending_seconds": ("upload_oldest_pending_s",
                                                   "Age of the oldest pending remote "
                                                   "operation"),
+    "neuralcache_upload_held_deletes": ("upload_held_deletes",
+                                        "Deletes waiting for the last reader of their "
+                                        "file to close"),
 }
 TIERED = {"neuralcache_cache_hits_total": "Block lookups by readers that hit a tier",
           "neuralcache_cache_misses_total": "Block lookups by readers that missed a tier"}

@@ -76,7 +76,6 @@ def _errno_for(exc: BaseException) -> int:
 
 def _edge(fn):
     """Translate every exception from a handler into FUSEError (logged if unexpected)."""
-
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -84,9 +83,7 @@ def _edge(fn):
         self.stats.fuse_requests[name] += 1
         try:
             return await fn(self, *args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except (trio.Cancelled, KeyboardInterrupt):
+        except (pyfuse3.FUSEError, trio.Cancelled, KeyboardInterrupt):
             raise
         except Exception as exc:  # the edge: translate, never let it escape
             code = _errno_for(exc)
@@ -156,6 +153,7 @@ class Operations(pyfuse3.Operations):
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
         if writes is not None:
             writes.repin = self._repin
+            writes.queue.reading = lambda inode: self._reading.get(inode, 0)
             writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
                 parent, os.fsencode(name), ignore_enoent=True)
 
@@ -481,6 +479,8 @@ class Operations(pyfuse3.Operations):
     def _unread(self, ino: int) -> None:
         if n := self._reading.pop(ino, 1) - 1:
             self._reading[ino] = n
+        elif self.writes is not None:    # a delete held for its readers may run
+            self.writes.queue.readers_closed(ino)
 
     @_edge
     async def release(self, fh):
@@ -559,7 +559,7 @@ class Operations(pyfuse3.Operations):
             return
         if self.writes.owns(h):
             await self.writes.fsync(h)
-        elif isinstance(h, FileHandle):
+        elif isinstance(h, FileHandle) and not h.node.removed:   # (its delete waits)
             await self.writes.fsync_key(h.node.key)
 
     @_edge

@@ -77,6 +77,7 @@ class Barriers:
                 await self._commit_file(lf, seal=True)
             except JournalError as exc:
                 log.error("%s: data written but not journaled: %s", lf.key, exc)
+        self.queue.unhold_all()       # no reader is left once the mount is gone
         last = 0.0
         while self.queue.ops and not self.skip_drain:
             now = time.monotonic()

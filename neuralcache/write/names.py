@@ -118,7 +118,9 @@ class NameOps:
         self.moved.pop(key, None)
         new_ops = []
         if delete_remote and may_hold:
-            op = self.queue.new("delete", key)
+            # open for reading here: the remote keeps it for them (opqueue.py)
+            readers = self.queue.reading(node.inode)
+            op = self.queue.new("delete", key, hold=node.inode if readers else None)
             acts.append(op.act())
             new_ops.append(op)
         if lf is not None:

@@ -8,6 +8,13 @@ be gone before the directory "a" can be made).  An operation starts only once th
 journal record that queued it is durable, and an upload only once its staging file
 is sealed (no writer can change it any more).
 
+A delete of a file unlinked while open for reading here is held until its last
+reader closes (``Op.hold``), as NFS keeps such a file under a hidden name: the remote
+still has the bytes those readers have not read yet.  The intent is journaled at
+unlink as any other, so a crash or unmount runs it; so do a barrier that waits for it
+(fsync of the directory, `neuralcache sync`) and any later operation on a related key
+(a new file of that name: its upload comes after the delete).
+
 Pure bookkeeping on the trio thread; the uploader (uploader.py) runs operations.
 """
 from __future__ import annotations
@@ -51,6 +58,7 @@ class Op:
     discard: bool = False         # the user dropped it while it was running
     upload: object = None         # multipart state kept between attempts (uploader)
     result: ObjectInfo | None = None
+    hold: int | None = None       # a delete: the inode whose open readers hold it back
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -92,6 +100,11 @@ def ancestors(key: str) -> Iterator[str]:
         yield key
 
 
+def related(a: str, b: str) -> bool:
+    """Equal, or one is a directory of the other (the module docstring's order)."""
+    return under(a, b) or under(b, a)
+
+
 def under(key: str, prefix: str) -> bool:
     """``key`` is ``prefix`` or inside the directory ``prefix`` ("" is the root)."""
     return not prefix or key == prefix or key.startswith(prefix + "/")
@@ -102,13 +115,45 @@ class OpQueue:
         self.ops: dict[int, Op] = {}       # unfinished, in id order
         self._next = last_id + 1
         self._changed = trio.Event()
+        self._held: dict[int, Op] = {}     # deletes held for readers (module docstring)
+        # open read-only descriptors of an inode (fs/operations.py sets it)
+        self.reading: Callable[[int], int] = lambda inode: 0
 
     # -- building ------------------------------------------------------------------
     def new(self, kind: str, key: str, **kw) -> Op:
         op = Op(self._next, kind, key, **kw)
         self._next += 1
+        for held in list(self._held.values()):     # a later operation goes after it
+            if any(related(k, held.key) for k in op.keys):
+                self.unhold(held)
         self.ops[op.id] = op
+        if op.hold is not None:
+            self._held[op.id] = op
         return op
+
+    def unhold(self, op: Op) -> None:
+        """``op`` may run now (if it was held for readers)."""
+        if self._held.pop(op.id, None) is not None:
+            op.hold = None
+            self.notify()
+
+    def unhold_all(self) -> None:
+        for op in list(self._held.values()):
+            self.unhold(op)
+
+    def readers_closed(self, inode: int) -> None:
+        """The last reader of ``inode`` closed: its held delete may run."""
+        for op in list(self._held.values()):
+            if op.hold == inode:
+                self.unhold(op)
+
+    def _holding(self, op: Op) -> bool:
+        if op.hold is None:
+            return False
+        if self.reading(op.hold):
+            return True
+        self.unhold(op)
+        return False
 
     def restore(self, acts: Iterable[dict], last_id: int) -> None:
         """Pending operations replayed from the journal; new ids follow ``last_id``."""
@@ -121,6 +166,7 @@ class OpQueue:
         op.finished = True
         op.running = False
         self.ops.pop(op.id, None)
+        self._held.pop(op.id, None)
         self.notify()
 
     def notify(self) -> None:
@@ -145,7 +191,7 @@ class OpQueue:
             clash = any(k in busy or k in busy_dirs or any(a in busy for a in ancestors(k))
                         for k in keys)
             if (not clash and not op.running and op.durable and now >= op.not_before
-                    and (op.kind != "put" or sealed(op.staging))):
+                    and (op.kind != "put" or sealed(op.staging)) and not self._holding(op)):
                 yield op
             busy.update(keys)
             for k in keys:
@@ -175,10 +221,13 @@ class OpQueue:
 
     def stats(self) -> dict:
         puts = [op for op in self.ops.values() if op.kind == "put"]
-        oldest = min((op.queued_at for op in self.ops.values()), default=None)
+        # a delete held for its readers is not late: it waits for them by design
+        oldest = min((op.queued_at for op in self.ops.values() if op.hold is None),
+                     default=None)
         return {"upload_pending_bytes": sum(op.size for op in puts),
                 "upload_pending_files": len(puts),
                 "upload_pending_ops": len(self.ops),
+                "upload_held_deletes": len(self._held),
                 "upload_oldest_pending_s": round(time.time() - oldest, 3) if oldest else 0.0,
                 "upload_failing_ops": sum(1 for op in self.ops.values() if op.error)}
 
@@ -190,6 +239,7 @@ class OpQueue:
         since = time.monotonic()
         waiting = [op for op in ops if not op.finished]
         for op in waiting:
+            self.unhold(op)
             if op.error is not None and not op.running:
                 op.not_before = since
         if waiting:
