@@ -15,6 +15,7 @@ from neuralcache.meta.lister import Lister
 from neuralcache.namespace import Namespace
 from neuralcache.stats import Stats
 from neuralcache.store.blocks import Pinned
+from neuralcache.write.opqueue import OpQueue
 
 OLD, NEW = "ckpt/.metadata.tmp", "ckpt/.metadata"
 DATA = b"pickled metadata"
@@ -23,6 +24,9 @@ DATA = b"pickled metadata"
 class Writes:
     """What Operations asks of a --writable mount's write layer on this path."""
     repin = invalidate_entry = None
+
+    def __init__(self):
+        self.queue = OpQueue()       # (held deletes: the edge counts open readers)
 
     def owns(self, h):
         return False
