@@ -56,8 +56,7 @@ ERRNO: dict[type, int] = {
     FileTooBig: errno.EFBIG,         # a length past the remote's largest object
 }
 
-# The kernel's timeouts when entries never expire (--metadata-ttl 0, a manifest): a
-# day, renewed by every lookup.
+# The kernel's timeouts when entries never expire (--metadata-ttl 0, a manifest): a day.
 NEVER_S = 86400.0
 # Entries read from the table per step of readdir (the kernel takes ~100-200 per
 # 4 KiB reply page, so one step fills several replies; ~1 ms of the trio thread).
@@ -572,7 +571,8 @@ class Operations(pyfuse3.Operations):
         """Open handles read ``info``'s object from now on: those pinned to ``key`` once
         a rename's copy is on the remote (the old key goes next), the read-only ones of
         ``inode`` once this mount uploaded it (the write layer re-pins its own); not
-        those of a file unlinked since (review)."""
+        those of a file unlinked since (review), unless it is the file this move
+        renamed (unlinked after the rename: its delete waits for its readers)."""
         if key is None and not self._reading.get(inode):
             return                      # no read-only open of it: nothing to scan
         for h in self._handles.values():
@@ -580,7 +580,7 @@ class Operations(pyfuse3.Operations):
             if p is None:
                 continue
             node = h.node if (ro := isinstance(h, FileHandle)) else self.ns.get(h.inode)
-            if node is None or node.removed:
+            if node is None or (node.removed and node.key != info.key):   # (docstring)
                 continue
             if p.key == key or (ro and node.inode == inode):
                 h.pinned = Pinned(info.key, info.version, info.size)

@@ -11,9 +11,11 @@ is sealed (no writer can change it any more).
 A delete of a file unlinked while open for reading here is held until its last
 reader closes (``Op.hold``), as NFS keeps such a file under a hidden name: the remote
 still has the bytes those readers have not read yet.  The intent is journaled at
-unlink as any other, so a crash or unmount runs it; so do a barrier that waits for it
-(fsync of the directory, `neuralcache sync`) and any later operation on a related key
-(a new file of that name: its upload comes after the delete).
+unlink as any other, so an unmount or, after a crash, the next mount runs it; so does
+any later operation on a related key (a new file of that name: its upload comes after
+the delete).  A barrier (fsync, `neuralcache sync`, the one before unmount) does not
+wait for it: it is as durable as the journal, and running it would take the bytes
+from under the readers (review: `neuralcache umount` refused as busy had deleted them).
 
 Pure bookkeeping on the trio thread; the uploader (uploader.py) runs operations.
 """
@@ -132,9 +134,11 @@ class OpQueue:
         return op
 
     def unhold(self, op: Op) -> None:
-        """``op`` may run now (if it was held for readers)."""
+        """``op`` may run now (if it was held for readers); its age counts from now
+        (upload_oldest_pending_s: the time it was held is not lateness)."""
         if self._held.pop(op.id, None) is not None:
             op.hold = None
+            op.queued_at = time.time()
             self.notify()
 
     def unhold_all(self) -> None:
@@ -233,13 +237,13 @@ class OpQueue:
 
     # -- barriers ------------------------------------------------------------------
     async def wait(self, ops: Iterable[Op]) -> None:
-        """Until every one of ``ops`` is finished; raises the error of one that is
-        stuck (BARRIER_GIVE_UP_S, or a permanent error).  Operations waiting for a
-        retry are tried again now: the remote may have been fixed meanwhile."""
+        """Until every one of ``ops`` is finished but deletes held for readers (the
+        module docstring); raises the error of one that is stuck (BARRIER_GIVE_UP_S, or
+        a permanent error).  Operations waiting for a retry are tried again now: the
+        remote may have been fixed meanwhile."""
         since = time.monotonic()
-        waiting = [op for op in ops if not op.finished]
+        waiting = [op for op in ops if not op.finished and op.hold is None]
         for op in waiting:
-            self.unhold(op)
             if op.error is not None and not op.running:
                 op.not_before = since
         if waiting:
