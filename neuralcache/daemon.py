@@ -309,7 +309,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     # Epoch-aware eviction: blocks of files consumed this epoch go before unread ones.
     tracker = getattr(getattr(predictor, "epochset", None), "tracker", None)
     if tracker is not None and hasattr(tracker, "evict_rank"):
-        disk.evict_rank = tracker.evict_rank
+        disk.evict_rank, disk.spent = tracker.evict_rank, tracker.spent
+        tracker.spent_floor = disk.limit
 
     def snapshot() -> dict:
         extra = {"source": cfg.source, "mountpoint": mp,

@@ -38,6 +38,10 @@ REREAD_MIN_AGE_FRAC = 0.5
 # ...but not before this many distinct opens: tiny epochs are indistinguishable from
 # a job re-opening a few files (e.g. a config or index file).
 MIN_EPOCH_OPENS = 16
+# ``spent``: a job is taken to read in epochs (each file about once per epoch) while its
+# re-reads within the current epoch (of a file consumed more than ACTIVE_OPENS opens
+# before: random access) stay under this fraction of the files it consumed.
+SPENT_REREAD_FRACTION = 0.1
 
 _CLASS = 1e12  # separates the rank classes; sequence numbers stay far below it
 
@@ -62,6 +66,13 @@ class EpochTracker:
         self.events = 0                    # all events observed
         self._rereads: deque = deque(maxlen=ACTIVE_OPENS)  # (seq, path) within-epoch re-reads
         self._touch: dict[str, int] = {}   # path -> event number of its last access
+        self.random_rereads = 0            # this epoch's re-reads of consumed paths
+        self.bytes = 0                     # bytes of the paths consumed this epoch
+        self.prev_bytes = 0                # ... and in the previous one
+        # ``spent`` only after an epoch of at least this many bytes (the daemon sets
+        # the disk tier's size: an epoch that fits has nothing to gain from it, and a
+        # skewed job, a hot set read again and again, cuts "epochs" of a few files)
+        self.spent_floor = 0
         self.set_catalog(catalog)
 
     def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
@@ -98,6 +109,7 @@ class EpochTracker:
                    and age >= REREAD_MIN_AGE_FRAC * self.count)
             if not (covered or old):
                 self.seq += 1                 # re-read within the epoch (random access)
+                self.random_rereads += 1
                 self._seq_of[path] = self.seq
                 self._rereads.append((self.seq, path))
                 return False
@@ -110,18 +122,19 @@ class EpochTracker:
         else:
             started = False
         self.seq += 1
-        if self._consume(path):
+        if self._consume(path, ev.size):
             self._new_epoch()       # working set fully covered: next access is a new epoch
             started = True
         return started
 
-    def _consume(self, path: str) -> bool:
+    def _consume(self, path: str, size: int = 0) -> bool:
         """Record the first access of path in this epoch; True if that completes the
         previous epoch's working set."""
         self._last_epoch[path] = self.epoch
         self._seq_of[path] = self.seq
         self._members_cur.append(path)
         self.count += 1
+        self.bytes += size
         if path in self.members_prev:
             self.covered_prev += 1
             return self.covered_prev >= self.prev_count
@@ -138,6 +151,8 @@ class EpochTracker:
         self.prev_count = len(self.members_prev)
         self._members_cur = []
         self._rereads.clear()
+        self.random_rereads = 0
+        self.prev_bytes, self.bytes = self.bytes, 0
         self.count = 0
         self.covered_prev = 0
         self.epoch += 1
@@ -146,6 +161,17 @@ class EpochTracker:
     def consumed(self, path: str) -> bool:
         """True if the path was read in the current epoch."""
         return self._last_epoch.get(path) == self.epoch
+
+    def spent(self, path: str) -> bool:
+        """A block of ``path`` just read or stored goes to the front of the disk tier's
+        eviction order (store/disk.py ``spent``), where the ranking looks for victims:
+        consumed this epoch, by a job seen to read in epochs (a boundary found after an
+        epoch of ``spent_floor`` bytes or more, few re-reads within this one:
+        SPENT_REREAD_FRACTION).  In the first epoch, or for a job that re-reads, blocks
+        keep LRU's order."""
+        return (self.epoch > 0 and self._last_epoch.get(path) == self.epoch
+                and self.prev_bytes >= self.spent_floor
+                and self.random_rereads <= SPENT_REREAD_FRACTION * self.count)
 
     def active(self, path: str) -> bool:
         """Accessed within the last ACTIVE_EVENTS events (probably still being read)."""

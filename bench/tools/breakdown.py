@@ -136,6 +136,20 @@ def measure(mnt: Path, proxy: WanProxyProcess, work, spy: Path | None = None,
             "minor_faults": minor_faults(s1["pid"]) - f0}
 
 
+def put_files(s3, bucket: str, names: list[str], size: int) -> dict[str, str]:
+    """Upload a file of ``size`` random bytes at each name; their xxh3_64 digests."""
+    digests = {}
+
+    def put(name):
+        data = os.urandom(size)
+        digests[name] = xxhash.xxh3_64_hexdigest(data)
+        s3.put_object(Bucket=bucket, Key=name, Body=data)
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, names))
+    return digests
+
+
 def read_files(root: Path, names: list[str], digests: dict, readers: int, seed: int):
     order = list(names)
     random.Random(seed).shuffle(order)
@@ -285,15 +299,7 @@ def _run(a) -> int:
             big_digest = read_hashed(big)[1]
             big.unlink()
             names = [f"files/c{i % 20:02d}/{i:05d}.jpg" for i in range(a.files)]
-            digests = {}
-
-            def put(name):
-                data = os.urandom(fsize)
-                digests[name] = xxhash.xxh3_64_hexdigest(data)
-                s3.put_object(Bucket="breakdown", Key=name, Body=data)
-
-            with ThreadPoolExecutor(16) as pool:
-                list(pool.map(put, names))
+            digests = put_files(s3, "breakdown", names, fsize)
             env = dict(os.environ, **sw.env(), NEURALCACHE_CPU_ACCOUNTING="1")
             with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as proxy:
                 def mount(cache, timings=None):
