@@ -13,8 +13,9 @@ f + (1 - f) ln(1 - f) of it from one epoch to the next (0.15 at f = 0.5) and an
 eviction that drops what the epoch already read first keeps f (predictors/epoch.py).
 The ``overflow`` scenario (bench/scenarios/overflow.py) cannot tell them apart: its
 disk cache holds 32 blocks, fewer than the eviction looks at (store/disk.py
-EVICT_SCAN).  Per epoch: files/s, MiB fetched over the link, the disk cache's hits,
-the daemon's CPU seconds.  Writes epochs.json.
+EVICT_SCAN).  Per epoch: files/s, MiB fetched over the link, of it read ahead or
+prefetched and of that read, the disk cache's hits, the daemon's CPU seconds.  Writes
+epochs.json.
 """
 from __future__ import annotations
 
@@ -82,6 +83,10 @@ def main(argv=None) -> int:
                                  "files_per_s": r["files"] / r["seconds"],
                                  "link_mib": r["bytes_fetched"] / MIB,
                                  "disk_hits": s1["disk_hits"] - s0["disk_hits"],
+                                 "ahead_mib": sum(r["prefetch"][k] for k in (
+                                     "prefetch_bytes_fetched", "readahead_bytes_fetched")) / MIB,
+                                 "ahead_used_mib": sum(r["prefetch"][k] for k in (
+                                     "prefetch_bytes_used", "readahead_bytes_used")) / MIB,
                                  "cpu_s": r["cpu"].get("total", 0.0),
                                  "wrong": len(r["wrong"])})
     finally:
@@ -89,9 +94,11 @@ def main(argv=None) -> int:
     (out / "epochs.json").write_text(json.dumps(rows, indent=1))
     print(f"{a.files} x {a.file_size} files, disk cache {a.cache_size}, memory "
           f"{a.memory_cache_size}, {a.readers} readers, {a.rtt_ms:g} ms")
-    print(f"{'epoch':>5} {'files/s':>8} {'link MiB':>9} {'disk hits':>9} {'CPU s':>6} wrong")
+    print(f"{'epoch':>5} {'files/s':>8} {'link MiB':>9} {'ahead MiB':>10} {'used':>6} "
+          f"{'disk hits':>9} {'CPU s':>6} wrong")
     for r in rows:
         print(f"{r['epoch']:>5} {r['files_per_s']:>8.0f} {r['link_mib']:>9.1f} "
+              f"{r['ahead_mib']:>10.1f} {r['ahead_used_mib']:>6.1f} "
               f"{r['disk_hits']:>9} {r['cpu_s']:>6.1f} {r['wrong']}")
     return 1 if any(r["wrong"] for r in rows) else 0
 
