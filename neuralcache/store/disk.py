@@ -246,6 +246,7 @@ class DiskTier:
             if name in self._index:
                 return True
         packed = self.pack and n <= self.pack_max
+        front = self.spent is not None and self.spent(bk.key)    # (not under the lock)
         if packed and self._segs.spare is None and self._segs.rotates(sg.record_size(n)):
             try:
                 self._segs.make_spare(self._new_segment)
@@ -293,7 +294,7 @@ class DiskTier:
             else:
                 # its bytes were reserved above
                 self._index[name] = n if seg is None else sg.loc(seg.sid, page, n)
-                if self.spent is not None and self.spent(bk.key):
+                if front:
                     self._index.move_to_end(name, last=False)
                 if seg is not None:
                     seg.live += 1

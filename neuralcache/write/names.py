@@ -113,7 +113,7 @@ class NameOps:
         cancelled = self._cancel_tail_puts(key)
         acts = [{"a": "cancel", "id": c.id} for c in cancelled]
         released = [c.staging for c in cancelled]
-        may_hold = any(op.hold is None for op in self.queue.ops_on(key)) or (
+        may_hold = self.queue.remote_bound(key) or (
             lf.remote_base if lf is not None else not node.version.startswith(LOCAL_VERSION))
         self.moved.pop(key, None)
         new_ops = []
@@ -260,8 +260,7 @@ class NameOps:
         acts = [{"a": "cancel", "id": c.id} for c in cancelled]
         released = [c.staging for c in cancelled]
         new_ops: list[Op] = []
-        # (a delete held for an unlinked file's readers: not this file's copy)
-        remote_has = any(op.hold is None for op in self.queue.ops_on(k)) or lf.remote_base
+        remote_has = self.queue.remote_bound(k) or lf.remote_base
         if cancelled:         # the newest cancelled upload goes to the new name instead
             op = self.queue.new("put", k2, staging=cancelled[0].staging,
                                 size=cancelled[0].size)

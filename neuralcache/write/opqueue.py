@@ -210,6 +210,12 @@ class OpQueue:
         """Unfinished operations that read or write exactly ``key``."""
         return [op for op in self.ops.values() if key in op.keys]
 
+    def remote_bound(self, key: str) -> bool:
+        """Some unfinished operation will write or delete exactly ``key`` on the remote:
+        the remote may hold it, or will (a delete held for an unlinked file's readers
+        is that file's, not a copy of a new file of that name: review)."""
+        return any(op.hold is None for op in self.ops_on(key))
+
     def last_on(self, key: str) -> Op | None:
         for op in reversed(list(self.ops.values())):
             if key in op.keys:
