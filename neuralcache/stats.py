@@ -52,6 +52,10 @@ class Stats:
     prefetch_bytes_fetched: int = 0
     prefetch_bytes_used: int = 0
     prefetch_bytes_staged: int = 0  # ... of the fetched, stored on disk, not in memory
+    # read-ahead and prefetched bytes a tier let go unread: memory (the disk did not
+    # take them) and the disk (store/speculative.py Ledger)
+    ahead_lost_memory_bytes: int = 0
+    ahead_lost_disk_bytes: int = 0
     backend_requests: int = 0
     backend_errors: int = 0
     singleflight_joins: int = 0
@@ -134,6 +138,8 @@ class Stats:
             "prefetch_bytes_fetched": self.prefetch_bytes_fetched,
             "prefetch_bytes_used": self.prefetch_bytes_used,
             "prefetch_bytes_staged": self.prefetch_bytes_staged,
+            "ahead_lost_memory_bytes": self.ahead_lost_memory_bytes,
+            "ahead_lost_disk_bytes": self.ahead_lost_disk_bytes,
             "prefetch_precision": round(min(1.0, spec_used / spec_fetched), 4)
             if spec_fetched else 0.0,
             "backend_requests": self.backend_requests,

@@ -170,6 +170,58 @@ def test_a_hot_set_read_again_and_again_keeps_lru(tmp_path):
     assert hits == lru and min(hits[1:]) > 0.7, (hits, lru)
 
 
+def _first_epoch_prefetch_lost(tmp_path, first_epoch: bool, n: int = 2000) -> tuple:
+    """One shuffled epoch of one-block files through a disk tier holding half of them,
+    with a prefetcher keeping a quarter of the dataset staged on disk ahead of the
+    reader (random files it has not read: BlockStore.stage_room's budget, a shuffled
+    epoch's working set); how many staged blocks the tier let go unread, and hits."""
+    import random as _random
+    from predictors.epoch import EpochTracker
+    from predictors.events import Event
+    bs = 4096
+    d = DiskTier(str(tmp_path), (n // 2) * bs)
+    d.load()
+    tr = EpochTracker([(f"f{i}", bs) for i in range(n)])
+    d.evict_rank, tr.spent_floor = tr.evict_rank, d.limit
+    d.spent = tr.spent if first_epoch else (lambda p: tr.epoch > 0 and tr.spent(p))
+    rng = _random.Random(3)
+    order = list(range(n))
+    rng.shuffle(order)
+    unread, staged = set(order), set()
+    lost = hits = 0
+
+    def stage():
+        while len(staged) < n // 4 and len(staged) < len(unread):
+            i = rng.choice(order)
+            if i in unread and i not in staged:
+                staged.add(i)
+                d.put(BlockKey(f"f{i}", "v", 0), bytes(bs))
+    stage()
+    for t, i in enumerate(order):
+        tr.observe(Event(t * 0.001, "open", f"f{i}", 0, 0, 1, bs))
+        unread.discard(i)
+        bk = BlockKey(f"f{i}", "v", 0)
+        if d.get(bk) is not None:
+            hits += 1
+        else:
+            lost += i in staged
+            d.put(bk, bytes(bs))
+        staged.discard(i)
+        stage()
+    return lost, hits / n
+
+
+def test_the_first_epoch_keeps_what_it_prefetched_until_read(tmp_path):
+    """A first shuffled epoch over twice the disk tier: once the tier is full, blocks
+    read this epoch go first and the staged ones stay until read (predictors/epoch.py
+    ``spent`` counts the first epoch's bytes so far).  With LRU's order there, the tier
+    let the oldest staged blocks go unread, to be fetched again."""
+    lost, hits = _first_epoch_prefetch_lost(tmp_path / "new", first_epoch=True)
+    old_lost, old_hits = _first_epoch_prefetch_lost(tmp_path / "old", first_epoch=False)
+    assert lost == 0 and old_lost > 100, (lost, old_lost)
+    assert hits > old_hits
+
+
 @pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
 def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog, pack_max):
     d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=0.3, pack_max=pack_max)

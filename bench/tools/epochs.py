@@ -1,5 +1,7 @@
 """Shuffled epochs over a dataset larger than the disk cache: what each epoch fetches
-over the link, and how fast it reads.  The epoch-aware eviction's own measure.
+over the link, and how fast it reads.  The epoch-aware eviction's own measure, and the
+read-ahead's and prefetch's: what they fetched, what of it was read, staged on disk,
+and let go unread by memory or by the disk (the stats' ``ahead_lost_*_bytes``).
 
     python -m bench.tools.epochs [--files 3000] [--file-size 100K] [--cache-size 150M]
         [--memory-cache-size 16M] [--epochs 4] [--readers 8] [--rtt-ms 60]
@@ -87,6 +89,12 @@ def main(argv=None) -> int:
                                      "prefetch_bytes_fetched", "readahead_bytes_fetched")) / MIB,
                                  "ahead_used_mib": sum(r["prefetch"][k] for k in (
                                      "prefetch_bytes_used", "readahead_bytes_used")) / MIB,
+                                 "lost_memory_mib": (s1["ahead_lost_memory_bytes"] -
+                                                     s0["ahead_lost_memory_bytes"]) / MIB,
+                                 "lost_disk_mib": (s1["ahead_lost_disk_bytes"] -
+                                                   s0["ahead_lost_disk_bytes"]) / MIB,
+                                 "staged_mib": (s1["prefetch_bytes_staged"] -
+                                                s0["prefetch_bytes_staged"]) / MIB,
                                  "cpu_s": r["cpu"].get("total", 0.0),
                                  "wrong": len(r["wrong"])})
     finally:
@@ -95,10 +103,12 @@ def main(argv=None) -> int:
     print(f"{a.files} x {a.file_size} files, disk cache {a.cache_size}, memory "
           f"{a.memory_cache_size}, {a.readers} readers, {a.rtt_ms:g} ms")
     print(f"{'epoch':>5} {'files/s':>8} {'link MiB':>9} {'ahead MiB':>10} {'used':>6} "
-          f"{'disk hits':>9} {'CPU s':>6} wrong")
+          f"{'staged':>6} {'lost mem':>8} {'lost disk':>9} {'disk hits':>9} {'CPU s':>6} "
+          "wrong")
     for r in rows:
         print(f"{r['epoch']:>5} {r['files_per_s']:>8.0f} {r['link_mib']:>9.1f} "
-              f"{r['ahead_mib']:>10.1f} {r['ahead_used_mib']:>6.1f} "
+              f"{r['ahead_mib']:>10.1f} {r['ahead_used_mib']:>6.1f} {r['staged_mib']:>6.1f} "
+              f"{r['lost_memory_mib']:>8.1f} {r['lost_disk_mib']:>9.1f} "
               f"{r['disk_hits']:>9} {r['cpu_s']:>6.1f} {r['wrong']}")
     return 1 if any(r["wrong"] for r in rows) else 0
 

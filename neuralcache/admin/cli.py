@@ -360,6 +360,9 @@ def format_stats(s: dict) -> str:
                                     f"{format_size(s['prefetch_bytes_fetched'])} "
                                     f"({format_size(s.get('prefetch_bytes_staged', 0))} "
                                     "of it staged on disk)"),
+        ("ahead lost unread", f"{format_size(s.get('ahead_lost_memory_bytes', 0))} by "
+                              f"memory, {format_size(s.get('ahead_lost_disk_bytes', 0))} "
+                              "by disk"),
         ("prefetch precision", f"{s['prefetch_precision']:.1%}"),
         ("backend requests", f"{s['backend_requests']} ({s['backend_errors']} errors, "
                              f"{s['backend_retries']} retries)"),

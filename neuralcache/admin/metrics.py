@@ -42,6 +42,12 @@ COUNTERS = {
     "neuralcache_prefetch_staged_bytes_total": ("prefetch_bytes_staged",
                                                 "Prefetched bytes stored on disk, not "
                                                 "in memory (its budget full)"),
+    "neuralcache_ahead_lost_memory_bytes_total": ("ahead_lost_memory_bytes",
+                                                  "Read-ahead and prefetched bytes memory "
+                                                  "let go unread, not kept on disk"),
+    "neuralcache_ahead_lost_disk_bytes_total": ("ahead_lost_disk_bytes",
+                                                "Read-ahead and prefetched bytes the disk "
+                                                "tier let go unread"),
     "neuralcache_backend_requests_total": ("backend_requests", "Remote requests"),
     "neuralcache_backend_errors_total": ("backend_errors",
                                          "Remote requests failed after retries"),

@@ -445,7 +445,7 @@ class BlockStore:
                 return data
         if flight.kind == lim.DEMAND:
             st.disk_misses += 1
-        self.spec.from_disk(bk)             # (gone from the disk tier: fetched anew)
+        self.spec.gone_from_disk(bk)        # (gone from the disk tier: fetched anew)
         off, length = self.block_range(obj, bk.index)
         # the shared tier (store/shared.py), when configured: a miss or any failure of
         # it is None, and the origin fetch below writes the block through

@@ -95,7 +95,10 @@ class Ledger:
         entry = self._unread.pop(bk, None)
         if entry is not None:
             self.unread -= entry[1]
-        if on_disk() and entry is not None:
+        if not on_disk():      # (called for every block: it queues the late disk write)
+            if entry is not None:
+                self.stats.ahead_lost_memory_bytes += entry[1]
+        elif entry is not None:
             self._disk_put(bk, entry)
 
     # -- disk ------------------------------------------------------------------------
@@ -113,6 +116,13 @@ class Ledger:
             self.on_disk -= entry[1]
         return entry
 
+    def gone_from_disk(self, bk) -> None:
+        """The disk tier no longer holds ``bk``: if it was an unread speculative block
+        there, the disk evicted it unread (the stats' ``ahead_lost_disk_bytes``)."""
+        entry = self.from_disk(bk)
+        if entry is not None:
+            self.stats.ahead_lost_disk_bytes += entry[1]
+
     def stage_room(self, limit: int, contains) -> int:
         """Bytes staged loads may still bring: ``limit`` less the unread bytes on disk
         and on their way there.  When that is none, first forget the oldest entries the
@@ -123,7 +133,7 @@ class Ledger:
                 bk, _ = self._on_disk.peek_last_item()
                 if contains(bk):
                     break
-                self.from_disk(bk)
+                self.gone_from_disk(bk)
         if len(self._on_disk) >= STAGE_ENTRIES_MAX:
             return 0
         return max(0, limit - self.on_disk - self.staging)
