@@ -13,7 +13,7 @@ Datasets (sizes: full / ``--quick``):
 * ``train``    the same shard format for the training-loop workload.
 * ``samples``  ImageNet-like file-per-sample tree: ``nCLASS/IDX.jpg`` of ~100 KB.
 * ``bigfile``  one large file (1 GiB / 64 MiB), e.g. model weights.
-* ``overflow`` tar shards totalling twice the scenario's cache size.
+* ``overflow`` tar shards of 2 MiB totalling twice the scenario's cache size.
 * ``fio``      ``fio/JOB.N`` files read by the fio jobs (one per job and job number).
 """
 from __future__ import annotations
@@ -126,11 +126,15 @@ def standard(name: str, quick: bool, cache_mb: int | None = None) -> Dataset:
         return Dataset("bigfile", "blob", {"size": (64 << 20) if quick else (1 << 30),
                                            "pattern": "weights.bin"})
     if name == "overflow":
+        # Shards of 2 MiB, so that the cache holds more blocks (128) than the disk
+        # tier's eviction looks at (store/disk.py EVICT_SCAN, 64), as a real cache of
+        # thousands of blocks does: with 8 MiB shards it held 32, all in reach, and the
+        # scenario could not show that the epoch-aware eviction had acted as LRU.
         cache_mb = cache_mb or (16 if quick else 256)
-        shard_mb = 4 if quick else 8
-        nshards = 2 * cache_mb // shard_mb
+        shard_kb = 512 if quick else 2048
+        nshards = 2 * cache_mb * 1024 // shard_kb
         return Dataset("overflow", "shards", {"shards": nshards,
-                                              "samples_per_shard": shard_mb * 10,
+                                              "samples_per_shard": shard_kb * 10 // 1024,
                                               "sample_lo": 80_000, "sample_hi": 120_000,
                                               "cache_mb": cache_mb})
     if name == "fio":
