@@ -1301,8 +1301,11 @@ def test_a_full_journal_takes_back_the_deleted_staging_files_readers_hold(tmp_pa
 def test_a_reader_that_gave_its_copy_up_follows_a_rename_and_an_unlink(tmp_path):
     """Review: a reader that gave its staging file up under a full journal reads the
     remote's copy; a rename of the file whose copy on the remote ended while that
-    read waited (the old key deleted: NotFound) now reads the copy under the new key,
-    and once the file is unlinked the read is ENOENT (NotFound), not an AttributeError."""
+    read waited (the old key deleted: NotFound) now reads the copy under the new key.
+    Once the file is unlinked it reads the copy it read last: the write queue counts
+    it as a reader (``counting``), so the delete waits for its close, as for a reader
+    of the remote's copy (fs/operations.py).  It read ENOENT before, and the delete
+    ran under it."""
     from neuralcache.backends.base import ObjectInfo
     from neuralcache.errors import NotFound
     from neuralcache.namespace import ROOT_INODE
@@ -1332,13 +1335,41 @@ def test_a_reader_that_gave_its_copy_up_follows_a_rename_and_an_unlink(tmp_path)
         layer.store = MovedMeanwhile()
         assert await layer.read(r, 0, 100) == b"MOVED"
         assert layer.store.keys == [("model.pt", "v2"), ("ckpt.pt", "v3")]
+        edge = {}                                     # the FUSE edge's own readers
+        layer.queue.reading = layer.counting(edge)
+        assert layer.queue.reading(node.inode) == 1
         layer.ns.rows.add_lookups(node.inode, 1)      # the kernel still holds it
         layer.ns.remove(node)
-        with pytest.raises(NotFound):
-            await layer.read(r, 0, 100)
+        held = layer.queue.new("delete", "ckpt.pt", hold=node.inode)
+        held.durable = True                           # (journaled)
+        assert await layer.read(r, 1, 3) == b"OVE"     # the copy it read last
+        assert layer.store.keys[-1] == ("ckpt.pt", "v3")
+        def runs():
+            return held in list(layer.queue.runnable(lambda s: True))
+        assert not runs()                             # held for it
+        edge[node.inode] = 1                          # a reader at the edge too
         await layer.release(r)
+        assert layer.queue.reading(node.inode) == 1 and not runs()
+        edge.clear()
+        layer.queue.readers_closed(node.inode)        # the edge's last close
+        assert runs()
 
     trio.run(main)
+
+    layer, node, lf, _ = _closed_journal_file(tmp_path / "never")
+
+    async def never_read():    # gave it up, unlinked before any read of the remote
+        r = await layer.open(node, os.O_RDONLY, 1)
+        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
+        layer._uploaded(lf, lf.uploaded)
+        assert layer._let_readers_go()
+        layer.ns.rows.add_lookups(node.inode, 1)
+        layer.ns.remove(node)
+        layer.store = _RemoteAt("v2", b"REMOT")
+        assert await layer.read(r, 0, 100) == b"REMOT"
+        await layer.release(r)
+
+    trio.run(never_read)
 
 
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(

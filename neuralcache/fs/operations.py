@@ -152,7 +152,7 @@ class Operations(pyfuse3.Operations):
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
         if writes is not None:
             writes.repin = self._repin
-            writes.queue.reading = lambda inode: self._reading.get(inode, 0)
+            writes.queue.reading = writes.counting(self._reading)
             writes.invalidate_entry = lambda parent, name: pyfuse3.invalidate_entry_async(
                 parent, os.fsencode(name), ignore_enoent=True)
 

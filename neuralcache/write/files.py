@@ -140,14 +140,16 @@ class WriteHandle:
 class ReadHandle:
     """A read-only open of a file with journal data: its own descriptor on the staging
     file it reads (readers.py moves it to the file's current one; ``spent`` keeps the
-    descriptors it left while ``reading``, its reads in flight, is not 0)."""
+    descriptors it left while ``reading``, its reads in flight, is not 0; ``pin``:
+    the remote object it read last, once it gave its copy up under a full journal)."""
 
-    __slots__ = ("lf", "staging", "fd", "spent", "reading")
+    __slots__ = ("lf", "staging", "fd", "spent", "reading", "pin")
 
     def __init__(self, lf: LocalFile, staging: str, fd: int):
         self.lf, self.staging, self.fd = lf, staging, fd
         self.spent: list[int] = []
         self.reading = 0
+        self.pin = None
 
 
 class SyncHandle:

@@ -146,7 +146,9 @@ class OpQueue:
             self.unhold(op)
 
     def readers_closed(self, inode: int) -> None:
-        """The last reader of ``inode`` closed: its held delete may run."""
+        """A reader of ``inode`` closed: if it was the last, its held delete may run."""
+        if self.reading(inode):
+            return
         for op in list(self._held.values()):
             if op.hold == inode:
                 self.unhold(op)

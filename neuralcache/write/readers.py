@@ -107,16 +107,33 @@ class Readers:
                     return await self._pread(h, off, size)
         node = self.ns.get(h.lf.inode)
         if node is None or node.removed:          # unlinked: what it held last
-            if h.fd is None:                      # (given up under a full journal)
-                raise NotFound(f"{h.lf.key}: deleted since its reader gave its copy up")
+            if h.fd is None:      # given up under a full journal: the remote's copy,
+                if h.pin is None:     # whose delete waits for this reader (``counting``)
+                    raise NotFound(f"{h.lf.key}: deleted before its reader read it")
+                return await read_following(self.store, lambda: self._pin_for(h), off, size)
             return await self._pread(h, off, size)
         up = h.lf.uploaded
         if h.fd is not None and h.staging == h.lf.staging and up is not None \
                 and up.version == node.version:   # exactly what the remote has
             return await self._pread(h, off, size)
         # changed and uploaded again, discarded, or a failed copy: the remote has it
-        return await read_following(self.store, lambda: self._remote_pin_of(h.lf.inode),
-                                    off, size)
+        return await read_following(self.store, lambda: self._pin_for(h), off, size)
+
+    def _pin_for(self, h: ReadHandle):
+        """The remote object ``h`` reads: the file's, or once it is unlinked the one it
+        read last (its delete is held for ``h``: ``counting``)."""
+        p = self._remote_pin_of(h.lf.inode)
+        if p is not None and h.fd is None:
+            h.pin = p
+        return p if p is not None else h.pin if h.fd is None else None
+
+    def counting(self, edge: dict):
+        """The write queue's count of an inode's readers (opqueue.py ``reading``: a
+        delete waits for them): the FUSE edge's read-only opens of the remote's copy
+        (``edge``: inode -> count) and the journal readers that gave their copy up
+        under a full journal (``_let_readers_go``) and read the remote's since."""
+        return lambda inode: edge.get(inode, 0) + sum(
+            1 for h in self.readers if h.fd is None and h.lf.inode == inode)
 
     def _remote_pin_of(self, inode: int):
         node = self.ns.get(inode)
@@ -156,6 +173,7 @@ class Readers:
                     continue                      # unlinked: its only copy
             h.spent.append(h.fd)
             h.fd = None
+            h.pin = self._remote_pin_of(h.lf.inode)   # (what it reads if unlinked now)
             let = True
             if not h.reading:
                 self._close_spent(h)
@@ -166,3 +184,5 @@ class Readers:
         self._close_spent(h)
         if h.fd is not None:
             os.close(h.fd)
+        else:                        # it read the remote: a held delete may run now
+            self.queue.readers_closed(h.lf.inode)
