@@ -311,6 +311,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     if tracker is not None and hasattr(tracker, "evict_rank"):
         disk.evict_rank, disk.spent = tracker.evict_rank, tracker.spent
         tracker.spent_floor = disk.limit
+        tracker.ahead_waiting = lambda: store.spec.on_disk > 0   # (prefetched, unread)
 
     def snapshot() -> dict:
         extra = {"source": cfg.source, "mountpoint": mp,

@@ -125,6 +125,7 @@ def _epochs(tmp_path, order, frac: float, spent: bool, n: int = 2000) -> tuple[l
     d.evict_rank = tr.evict_rank
     if spent:
         d.spent, tr.spent_floor = tr.spent, d.limit
+        tr.ahead_waiting = lambda: True       # (the first epoch: as if prefetch waited)
     rng, hits, t = _random.Random(1), [], 0.0
     for rnd in range(4):
         h = 0
@@ -184,6 +185,7 @@ def _first_epoch_prefetch_lost(tmp_path, first_epoch: bool, n: int = 2000) -> tu
     tr = EpochTracker([(f"f{i}", bs) for i in range(n)])
     d.evict_rank, tr.spent_floor = tr.evict_rank, d.limit
     d.spent = tr.spent if first_epoch else (lambda p: tr.epoch > 0 and tr.spent(p))
+    tr.ahead_waiting = lambda: bool(staged)             # (the daemon: store.spec.on_disk)
     rng = _random.Random(3)
     order = list(range(n))
     rng.shuffle(order)
@@ -214,12 +216,47 @@ def _first_epoch_prefetch_lost(tmp_path, first_epoch: bool, n: int = 2000) -> tu
 def test_the_first_epoch_keeps_what_it_prefetched_until_read(tmp_path):
     """A first shuffled epoch over twice the disk tier: once the tier is full, blocks
     read this epoch go first and the staged ones stay until read (predictors/epoch.py
-    ``spent`` counts the first epoch's bytes so far).  With LRU's order there, the tier
-    let the oldest staged blocks go unread, to be fetched again."""
+    ``spent`` in the first epoch, while prefetched blocks wait).  With LRU's order
+    there, the tier let the oldest staged blocks go unread, to be fetched again."""
     lost, hits = _first_epoch_prefetch_lost(tmp_path / "new", first_epoch=True)
     old_lost, old_hits = _first_epoch_prefetch_lost(tmp_path / "old", first_epoch=False)
     assert lost == 0 and old_lost > 100, (lost, old_lost)
     assert hits > old_hits
+
+
+def test_a_first_pass_then_rereads_of_its_end_keep_lru_without_prefetch_waiting(tmp_path):
+    """Review: a first pass over four times the disk tier, then the last 80 % of a
+    tier's worth of it read again and again.  With the first epoch's blocks sent to
+    the front (newest evicted first) those re-reads all missed; the order applies in
+    the first epoch only while prefetched blocks wait on the tier (``ahead_waiting``),
+    and without them the re-reads hit as with LRU."""
+    from predictors.epoch import EpochTracker
+    from predictors.events import Event
+    bs, tier = 4096, 500
+
+    def hits(ahead: bool, spent: bool) -> float:
+        d = DiskTier(str(tmp_path / f"{ahead}{spent}"), tier * bs)
+        d.load()
+        tr = EpochTracker([(f"f{i}", bs) for i in range(4 * tier)])
+        d.evict_rank, tr.spent_floor, tr.ahead_waiting = tr.evict_rank, d.limit, lambda: ahead
+        if spent:
+            d.spent = tr.spent
+        tail = list(range(4 * tier - 4 * tier // 5, 4 * tier))
+        seq, h = list(range(4 * tier)) + tail * 4, 0
+        for t, i in enumerate(seq):
+            tr.observe(Event(t * 0.001, "open", f"f{i}", 0, 0, 1, bs))
+            bk = BlockKey(f"f{i}", "v", 0)
+            if t >= 4 * tier:
+                h += d.get(bk) is not None
+            elif d.get(bk) is None:
+                d.put(bk, bytes(bs))
+            if t >= 4 * tier and not d.contains(bk):
+                d.put(bk, bytes(bs))
+        return h / (len(seq) - 4 * tier)
+
+    lru = hits(False, False)
+    assert lru > 0.9 and hits(False, True) == lru
+    assert hits(True, True) < 0.75 * lru      # (what the order did to it: 0.51)
 
 
 @pytest.mark.parametrize("pack_max", [FILES, 1 << 20])

@@ -31,6 +31,9 @@ class Writes:
     def owns(self, h):
         return False
 
+    def counting(self, edge):          # (write/readers.py: no journal readers here)
+        return lambda inode: edge.get(inode, 0)
+
     async def follow_remote(self, h, off, size):
         return None            # not written here: read the remote as pinned
 

@@ -1372,6 +1372,111 @@ def test_a_reader_that_gave_its_copy_up_follows_a_rename_and_an_unlink(tmp_path)
     trio.run(never_read)
 
 
+class _Remote:
+    """key -> (version, bytes): a read of another version is VersionChanged, of a
+    missing key NotFound, as the backend's."""
+
+    def __init__(self, objs):
+        self.objs, self.keys = dict(objs), []
+
+    async def read(self, p, off, size):
+        from neuralcache.errors import NotFound, VersionChanged
+        self.keys.append((p.key, p.version))
+        if p.key not in self.objs:
+            raise NotFound(p.key)
+        v, data = self.objs[p.key]
+        if v != p.version:
+            raise VersionChanged(f"{p.key}: {p.version} -> {v}")
+        return data[off:off + size]
+
+
+def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(tmp_path):
+    """Review of the held delete for readers that gave their copy up: each reads what
+    the file was on the remote when it was unlinked, or, where the journal held newer
+    data, nothing; none is counted (its delete held) for nothing.
+    * renamed, unlinked, then the rename's copy ends (its source deleted) before any
+      read: it reads the copy (it read the deleted source: ENOENT, its delete held);
+    * written and uploaded again (v3) by another descriptor, then unlinked: it reads
+      v3 (it read v2: ESTALE, or v2's bytes from the block cache);
+    * after a copy on write, unlinked while a writer has it open: not counted, it reads
+      the journal's copy (its delete was held and, once it reopened the copy, never
+      let go at its close)."""
+    from neuralcache.backends.base import ObjectInfo
+    from neuralcache.namespace import ROOT_INODE
+    from neuralcache.write.files import LocalFile
+
+    def runs(layer, op):
+        op.durable = True
+        return op in list(layer.queue.runnable(lambda s: True))
+
+    layer, node, lf, _ = _closed_journal_file(tmp_path / "moved")
+
+    async def moved():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
+        layer._uploaded(lf, lf.uploaded)
+        assert layer._let_readers_go() and r.pin.key == "model.pt"
+        layer.queue.reading = layer.counting({})
+        layer.ns.move(node, layer.ns.get(ROOT_INODE), "ckpt.pt")      # rename pending
+        layer.moved["ckpt.pt"] = "model.pt"
+        layer.ns.rows.add_lookups(node.inode, 1)
+        _, _, ops, _ = layer._forget_file(node, delete_remote=True)    # unlink
+        layer.ns.remove(node)
+        assert ops[0].hold == node.inode and not runs(layer, ops[0])
+        layer._moved(Op(1, "move", "ckpt.pt", src="model.pt"),
+                     ObjectInfo("ckpt.pt", 5, "v3", 0.0))
+        layer.store = _Remote({"ckpt.pt": ("v3", b"MOVED")})          # source deleted
+        assert await layer.read(r, 0, 100) == b"MOVED"
+        await layer.release(r)
+        assert runs(layer, ops[0])
+
+    trio.run(moved)
+
+    layer, node, lf, _ = _closed_journal_file(tmp_path / "again")
+
+    async def written_again():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
+        layer._uploaded(lf, lf.uploaded)
+        assert layer._let_readers_go() and r.pin.version == "v2"
+        name, fd = layer.journal.create_staging()
+        os.write(fd, b"third")
+        os.close(fd)
+        lf2 = LocalFile(node.inode, node.key, name, None, size=5, sealed=True)
+        layer.files[node.inode] = lf2
+        lf2.uploaded = ObjectInfo(node.key, 5, "v3", 0.0)
+        layer._uploaded(lf2, lf2.uploaded)
+        layer.queue.reading = layer.counting({})
+        layer.ns.rows.add_lookups(node.inode, 1)
+        _, _, ops, _ = layer._forget_file(node, delete_remote=True)
+        layer.ns.remove(node)
+        assert ops[0].hold == node.inode
+        layer.store = _Remote({"model.pt": ("v3", b"third")})
+        assert await layer.read(r, 0, 100) == b"third"
+        await layer.release(r)
+
+    trio.run(written_again)
+
+    layer, node, lf, _ = _closed_journal_file(tmp_path / "cow")
+
+    async def copy_on_write():
+        r = await layer.open(node, os.O_RDONLY, 1)
+        name, fd = layer.journal.create_staging()
+        os.write(fd, b"newer")
+        lf.staging, lf.fd, lf.writers, lf.remote_base = name, fd, 1, True
+        layer._current[name] = lf
+        assert layer._let_readers_go() and r.fd is None and r.pin is None
+        layer.queue.reading = layer.counting({})
+        layer.ns.rows.add_lookups(node.inode, 1)
+        _, _, ops, _ = layer._forget_file(node, delete_remote=True)
+        layer.ns.remove(node)
+        assert ops[0].hold is None and layer.queue.reading(node.inode) == 0
+        assert await layer.read(r, 0, 100) == b"newer"
+        await layer.release(r)
+
+    trio.run(copy_on_write)
+
+
 def test_a_read_only_descriptor_follows_the_file_across_uploads_and_a_failed_copy(
         tmp_path):
     """Review: a reader whose file was uploaded, then written and uploaded again by

@@ -382,7 +382,8 @@ class BlockStore:
         if self.disk is None or not self.disk.writable:
             return 0
         free = self.disk.limit - self.disk.used - self.spec.staging - self.block_size
-        return max(0, min(free, self.spec.stage_room(self.stage_limit, self.disk.contains)))
+        return max(0, min(free, self.spec.stage_room(
+            self.stage_limit, lambda bk: bk in self._queued or self.disk.contains(bk))))
 
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD,
                  stage: bool = False) -> bool:
@@ -445,7 +446,8 @@ class BlockStore:
                 return data
         if flight.kind == lim.DEMAND:
             st.disk_misses += 1
-        self.spec.gone_from_disk(bk)        # (gone from the disk tier: fetched anew)
+        # gone from the disk tier (fetched anew), or its write still queued
+        (self.spec.from_disk if bk in self._queued else self.spec.gone_from_disk)(bk)
         off, length = self.block_range(obj, bk.index)
         # the shared tier (store/shared.py), when configured: a miss or any failure of
         # it is None, and the origin fetch below writes the block through

@@ -96,7 +96,7 @@ class Ledger:
         if entry is not None:
             self.unread -= entry[1]
         if not on_disk():      # (called for every block: it queues the late disk write)
-            if entry is not None:
+            if entry is not None and entry[0] is not None:    # (fetched speculatively)
                 self.stats.ahead_lost_memory_bytes += entry[1]
         elif entry is not None:
             self._disk_put(bk, entry)

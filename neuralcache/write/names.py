@@ -115,6 +115,8 @@ class NameOps:
         released = [c.staging for c in cancelled]
         may_hold = self.queue.remote_bound(key) or (
             lf.remote_base if lf is not None else not node.version.startswith(LOCAL_VERSION))
+        if delete_remote:      # (readers.py; before the pending rename is forgotten)
+            self._pin_readers(node.inode, may_hold and lf is None)
         self.moved.pop(key, None)
         new_ops = []
         if delete_remote and may_hold:
@@ -295,6 +297,7 @@ class NameOps:
             return
         if self.repin is not None:
             self.repin(info, key=op.src)
+        self._follow_move(op.src, info)            # (readers.py)
         node = self.ns.by_path(op.key)
         if node is None or node.is_dir or op.key in self.moved:
             return

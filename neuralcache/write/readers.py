@@ -18,7 +18,7 @@ import trio
 
 from ..errors import JournalError, NotFound
 from ..namespace import Node
-from ..store.pinned import read_following
+from ..store.pinned import Pinned, read_following
 from .files import LocalFile, ReadHandle, pread
 
 
@@ -131,9 +131,27 @@ class Readers:
         """The write queue's count of an inode's readers (opqueue.py ``reading``: a
         delete waits for them): the FUSE edge's read-only opens of the remote's copy
         (``edge``: inode -> count) and the journal readers that gave their copy up
-        under a full journal (``_let_readers_go``) and read the remote's since."""
+        under a full journal (``_let_readers_go``) and read the remote's (``pin``)."""
         return lambda inode: edge.get(inode, 0) + sum(
-            1 for h in self.readers if h.fd is None and h.lf.inode == inode)
+            1 for h in self.readers
+            if h.fd is None and h.pin is not None and h.lf.inode == inode)
+
+    def _pin_readers(self, inode: int, remote_current: bool) -> None:
+        """An unlink of ``inode``: its readers that gave their copy up read from now on
+        the remote's copy as it is now, if that is the file's data (``counting`` holds
+        its delete for them), or nothing (NotFound: the journal held newer data, which
+        they had not read yet and which goes with the file)."""
+        pin = self._remote_pin_of(inode) if remote_current else None
+        for h in self.readers:
+            if h.fd is None and h.lf.inode == inode:
+                h.pin = pin
+
+    def _follow_move(self, src: str, info) -> None:
+        """A move's copy of ``src`` is on the remote (the source goes next): readers
+        that gave their copy up and read ``src`` read the copy."""
+        for h in self.readers:
+            if h.fd is None and h.pin is not None and h.pin.key == src:
+                h.pin = Pinned(info.key, info.version, info.size)
 
     def _remote_pin_of(self, inode: int):
         node = self.ns.get(inode)
@@ -173,7 +191,9 @@ class Readers:
                     continue                      # unlinked: its only copy
             h.spent.append(h.fd)
             h.fd = None
-            h.pin = self._remote_pin_of(h.lf.inode)   # (what it reads if unlinked now)
+            # what it reads if unlinked now: the remote's copy (a copy on write's
+            # reader opens the current journal copy at its next read instead)
+            h.pin = self._remote_pin_of(h.lf.inode) if lf is None else None
             let = True
             if not h.reading:
                 self._close_spent(h)
@@ -184,5 +204,5 @@ class Readers:
         self._close_spent(h)
         if h.fd is not None:
             os.close(h.fd)
-        else:                        # it read the remote: a held delete may run now
+        elif h.pin is not None:      # it read the remote: a held delete may run now
             self.queue.readers_closed(h.lf.inode)
