@@ -183,7 +183,8 @@ class EpochTracker:
           stats' ahead_lost_disk_bytes) against 293.0 / 293.0 and none lost, at 188 /
           193 files/s against 319 / 325; epochs 2-4 the same.  Not without prefetched
           blocks waiting: a first pass larger than the tier and then re-reads of what
-          it read last (a review) missed them all under this order, as LRU hit them.
+          it read last (a review) missed half of them or more under this order,
+          where LRU hit them all.
           (A floor on the first epoch's bytes so far came too late: staged blocks
           fill the tier before the reads do, tests/test_cache.py.)"""
         if (self._last_epoch.get(path) != self.epoch

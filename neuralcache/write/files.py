@@ -141,7 +141,7 @@ class ReadHandle:
     """A read-only open of a file with journal data: its own descriptor on the staging
     file it reads (readers.py moves it to the file's current one; ``spent`` keeps the
     descriptors it left while ``reading``, its reads in flight, is not 0; ``pin``:
-    the remote object it read last, once it gave its copy up under a full journal)."""
+    the remote object it reads once it gave its copy up under a full journal)."""
 
     __slots__ = ("lf", "staging", "fd", "spent", "reading", "pin")
 

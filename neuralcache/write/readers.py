@@ -120,8 +120,8 @@ class Readers:
         return await read_following(self.store, lambda: self._pin_for(h), off, size)
 
     def _pin_for(self, h: ReadHandle):
-        """The remote object ``h`` reads: the file's, or once it is unlinked the one it
-        read last (its delete is held for ``h``: ``counting``)."""
+        """The remote object ``h`` reads: the file's, or once it is unlinked the one
+        ``_pin_readers`` pinned then (its delete is held for ``h``: ``counting``)."""
         p = self._remote_pin_of(h.lf.inode)
         if p is not None and h.fd is None:
             h.pin = p
