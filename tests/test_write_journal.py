@@ -1359,10 +1359,7 @@ def test_a_reader_that_gave_its_copy_up_follows_a_rename_and_an_unlink(tmp_path)
     layer, node, lf, _ = _closed_journal_file(tmp_path / "never")
 
     async def never_read():    # gave it up, unlinked before any read of the remote
-        r = await layer.open(node, os.O_RDONLY, 1)
-        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
-        layer._uploaded(lf, lf.uploaded)
-        assert layer._let_readers_go()
+        r = await _reader_gave_its_copy_up(layer, node, lf)
         layer.ns.rows.add_lookups(node.inode, 1)
         layer.ns.remove(node)
         layer.store = _RemoteAt("v2", b"REMOT")
@@ -1390,6 +1387,25 @@ class _Remote:
         return data[off:off + size]
 
 
+async def _reader_gave_its_copy_up(layer, node, lf):
+    """A read-only open of ``node`` whose journal copy then uploaded as v2 and which
+    gave that copy up to a full journal (``_let_readers_go``): it reads the remote's."""
+    from neuralcache.backends.base import ObjectInfo
+    r = await layer.open(node, os.O_RDONLY, 1)
+    lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
+    layer._uploaded(lf, lf.uploaded)
+    assert layer._let_readers_go() and r.fd is None
+    return r
+
+
+def _unlink(layer, node) -> list:
+    """What WriteLayer.unlink does to ``node`` that the kernel still holds: its new ops."""
+    layer.ns.rows.add_lookups(node.inode, 1)
+    _, _, ops, _ = layer._forget_file(node, delete_remote=True)
+    layer.ns.remove(node)
+    return ops
+
+
 def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(tmp_path):
     """Review of the held delete for readers that gave their copy up: each reads what
     the file was on the remote when it was unlinked, or, where the journal held newer
@@ -1412,16 +1428,12 @@ def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(t
     layer, node, lf, _ = _closed_journal_file(tmp_path / "moved")
 
     async def moved():
-        r = await layer.open(node, os.O_RDONLY, 1)
-        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
-        layer._uploaded(lf, lf.uploaded)
-        assert layer._let_readers_go() and r.pin.key == "model.pt"
+        r = await _reader_gave_its_copy_up(layer, node, lf)
+        assert r.pin.key == "model.pt"
         layer.queue.reading = layer.counting({})
         layer.ns.move(node, layer.ns.get(ROOT_INODE), "ckpt.pt")      # rename pending
         layer.moved["ckpt.pt"] = "model.pt"
-        layer.ns.rows.add_lookups(node.inode, 1)
-        _, _, ops, _ = layer._forget_file(node, delete_remote=True)    # unlink
-        layer.ns.remove(node)
+        ops = _unlink(layer, node)
         assert ops[0].hold == node.inode and not runs(layer, ops[0])
         layer._moved(Op(1, "move", "ckpt.pt", src="model.pt"),
                      ObjectInfo("ckpt.pt", 5, "v3", 0.0))
@@ -1435,10 +1447,8 @@ def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(t
     layer, node, lf, _ = _closed_journal_file(tmp_path / "again")
 
     async def written_again():
-        r = await layer.open(node, os.O_RDONLY, 1)
-        lf.uploaded = ObjectInfo(node.key, 5, "v2", 0.0)
-        layer._uploaded(lf, lf.uploaded)
-        assert layer._let_readers_go() and r.pin.version == "v2"
+        r = await _reader_gave_its_copy_up(layer, node, lf)
+        assert r.pin.version == "v2"
         name, fd = layer.journal.create_staging()
         os.write(fd, b"third")
         os.close(fd)
@@ -1447,9 +1457,7 @@ def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(t
         lf2.uploaded = ObjectInfo(node.key, 5, "v3", 0.0)
         layer._uploaded(lf2, lf2.uploaded)
         layer.queue.reading = layer.counting({})
-        layer.ns.rows.add_lookups(node.inode, 1)
-        _, _, ops, _ = layer._forget_file(node, delete_remote=True)
-        layer.ns.remove(node)
+        ops = _unlink(layer, node)
         assert ops[0].hold == node.inode
         layer.store = _Remote({"model.pt": ("v3", b"third")})
         assert await layer.read(r, 0, 100) == b"third"
@@ -1467,9 +1475,7 @@ def test_a_reader_that_gave_its_copy_up_reads_the_file_as_it_was_at_its_unlink(t
         layer._current[name] = lf
         assert layer._let_readers_go() and r.fd is None and r.pin is None
         layer.queue.reading = layer.counting({})
-        layer.ns.rows.add_lookups(node.inode, 1)
-        _, _, ops, _ = layer._forget_file(node, delete_remote=True)
-        layer.ns.remove(node)
+        ops = _unlink(layer, node)
         assert ops[0].hold is None and layer.queue.reading(node.inode) == 0
         assert await layer.read(r, 0, 100) == b"newer"
         await layer.release(r)

@@ -123,9 +123,11 @@ class Readers:
         """The remote object ``h`` reads: the file's, or once it is unlinked the one
         ``_pin_readers`` pinned then (its delete is held for ``h``: ``counting``)."""
         p = self._remote_pin_of(h.lf.inode)
-        if p is not None and h.fd is None:
+        if h.fd is not None:
+            return p
+        if p is not None:
             h.pin = p
-        return p if p is not None else h.pin if h.fd is None else None
+        return h.pin
 
     def counting(self, edge: dict):
         """The write queue's count of an inode's readers (opqueue.py ``reading``: a
