@@ -330,8 +330,12 @@ def test_a_sequential_read_keeps_only_its_window_in_memory_and_reuses_buffers(
                 assert digest(bytes(got)) == digest(data), rnd
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             s = stats(mp)
-            # what the stream left within SEQ_SLACK (32 MiB) and its read-ahead (8 MiB)
-            assert s["cache_mem_bytes"] <= 44 * MB, (rnd, s["cache_mem_bytes"])
+            # what the stream left within SEQ_SLACK (32 MiB) and its read-ahead (8 MiB),
+            # and the blocks whose disk write a full write queue skipped: memory holds
+            # their only copy (store/blocks.py consumed; none on an idle disk)
+            held = 2 * MB * s["disk_writes_skipped"]
+            assert s["cache_mem_bytes"] <= 44 * MB + held, (rnd, {
+                k: v for k, v in s.items() if k.startswith(("cache_", "disk_writes"))})
             assert s["buffers_reused"] > 0, {k: v for k, v in s.items() if k.startswith(
                 ("buffers", "cache_", "mem_", "disk_", "readahead"))}
         assert s["bytes_fetched"] == len(data)     # the second read never went remote
