@@ -115,10 +115,7 @@ class BlockStore:
                  concurrency: int = DEFAULT_CONCURRENCY,
                  reserved: int = DEFAULT_RESERVED_FOR_DEMAND,
                  hedge_max_s: float = HEDGE_MAX_S):
-        self.backend = backend
-        self.mem = mem
-        self.disk = disk
-        self.stats = stats
+        self.backend, self.mem, self.disk, self.stats = backend, mem, disk, stats
         self.block_size = block_size
         self.hedge_max_s = hedge_max_s
         self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1),
@@ -135,7 +132,7 @@ class BlockStore:
         self.write_queue_limit = max(DISK_WRITE_QUEUE_MIN_BLOCKS * block_size,
                                      min(DISK_WRITE_QUEUE_MAX, mem.limit // 4))
         self.write_queue_bytes = 0
-        self._queued: set[BlockKey] = set()     # blocks in the disk write queue
+        self._queued: dict[BlockKey, object] = {}   # the disk write queue's blocks
         self._let_go: set[BlockKey] = set()     # ... of those, dropped by ``consumed``
         self._cut_off: list = []    # (key, bytes) a writer took and the unmount stopped
         self.written_back = [0, 0]  # blocks and bytes write_back wrote so far
@@ -166,7 +163,7 @@ class BlockStore:
                 log.exception("disk cache write failed")
             finally:
                 self.write_queue_bytes -= len(data)
-                self._queued.discard(bk)
+                self._queued.pop(bk, None)
             let_go = bk in self._let_go
             self._let_go.discard(bk)
             if let_go and not stored and self.mem.get(bk) is None:
@@ -215,9 +212,9 @@ class BlockStore:
         return self._in_memory(BlockKey(obj.key, obj.version, index))
 
     def cached(self, obj: Pinned, index: int) -> bool:
-        """In memory, on its way there, or in the disk tier."""
+        """In memory, on its way there, or in the disk tier (or its write queue)."""
         bk = BlockKey(obj.key, obj.version, index)
-        return self._in_memory(bk) or (self.disk is not None and self.disk.contains(bk))
+        return self._in_memory(bk) or (self.disk is not None and self._for_disk(bk))
 
     def resident(self, obj: Pinned) -> bytes | None:
         """The whole of a one-block object when the memory tier holds it (fs/push.py
@@ -362,8 +359,11 @@ class BlockStore:
         the disk's (counted on, a small tier's budget filled with blocks it no longer
         held and prefetch stopped), and a read of it there counts as that load used."""
         self.spec.evicted(bk, lambda: self.disk is not None and (
-            bk in self._queued or self.disk.contains(bk) or
-            self._queue_late(bk, lambda: data)))
+            self._for_disk(bk) or self._queue_late(bk, lambda: data)))
+
+    def _for_disk(self, bk: BlockKey) -> bool:
+        """The disk tier holds ``bk``, or its write is queued."""
+        return bk in self._queued or self.disk.contains(bk)
 
     def speculative_inflight_bytes(self) -> int:
         return self.spec.inflight
@@ -383,7 +383,7 @@ class BlockStore:
             return 0
         free = self.disk.limit - self.disk.used - self.spec.staging - self.block_size
         return max(0, min(free, self.spec.stage_room(
-            self.stage_limit, lambda bk: bk in self._queued or self.disk.contains(bk))))
+            self.stage_limit, self._for_disk)))
 
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD,
                  stage: bool = False) -> bool:
@@ -427,9 +427,12 @@ class BlockStore:
 
     async def _load_inner(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> bytes:
         st = self.stats
-        if self.disk is not None and self.disk.contains(bk):
-            data = await trio.to_thread.run_sync(self.disk.get, bk,
-                                                 limiter=self._disk_threads)
+        if self.disk is not None and self._for_disk(bk):
+            # (its write still queued: those bytes; no buffer is recycled while viewed)
+            data = self._queued.get(bk)
+            if data is None:
+                data = await trio.to_thread.run_sync(self.disk.get, bk,
+                                                     limiter=self._disk_threads)
             if data is not None:
                 spilled = self.spec.from_disk(bk)
                 if flight.kind == lim.DEMAND:
@@ -446,8 +449,7 @@ class BlockStore:
                 return data
         if flight.kind == lim.DEMAND:
             st.disk_misses += 1
-        # gone from the disk tier (fetched anew), or its write still queued
-        (self.spec.from_disk if bk in self._queued else self.spec.gone_from_disk)(bk)
+        self.spec.gone_from_disk(bk)            # (fetched anew)
         off, length = self.block_range(obj, bk.index)
         # the shared tier (store/shared.py), when configured: a miss or any failure of
         # it is None, and the origin fetch below writes the block through
@@ -490,7 +492,7 @@ class BlockStore:
         except trio.WouldBlock:
             return False
         self.write_queue_bytes += len(data)
-        self._queued.add(bk)
+        self._queued[bk] = data
         return True
 
     async def _from_origin(self, bk: BlockKey, obj: Pinned, flight: _Flight, off: int,
