@@ -2,6 +2,7 @@
 import threading
 import time
 
+import pytest
 import trio
 
 from neuralcache.store import limiter as lim
@@ -321,7 +322,7 @@ def test_a_block_let_go_before_its_disk_write_failed_stays_in_memory(tmp_path):
     data = payload(14, 2 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
     gate = threading.Event()
-    store.disk.put = lambda bk, data: gate.wait(5) and False   # the disk takes nothing
+    store.disk.put = lambda bk, data, *_: gate.wait(5) and False   # the disk takes nothing
 
     async def fn():
         assert await store.read(obj, 0, BS) == data[:BS]
@@ -350,7 +351,7 @@ def test_a_skipped_block_queued_late_comes_back_to_memory_if_that_write_fails(tm
     be, store, obj = make(tmp_path, data, delay=0)
     b0, b1 = (BlockKey(obj.key, obj.version, i) for i in range(2))
     limit, store.write_queue_limit = store.write_queue_limit, 0     # every write skipped
-    store.disk.put = lambda bk, data: False                        # and the disk fails
+    store.disk.put = lambda bk, data, *_: False                       # and the disk fails
 
     async def fn():
         assert await store.read(obj, 0, BS) == data[:BS]
@@ -611,7 +612,7 @@ def test_a_read_ahead_block_on_its_way_to_the_disk_is_not_counted_lost(tmp_path)
     be, store, obj = make(tmp_path, data, mem=2 * BS, delay=0)
     gate = threading.Event()
     real_put = store.disk.put
-    store.disk.put = lambda bk, d: gate.wait(10) and real_put(bk, d)   # a slow disk
+    store.disk.put = lambda bk, d, *a: gate.wait(10) and real_put(bk, d, *a)   # a slow disk
     store._inline_writes = threading.Semaphore(0)     # every write to the writers
 
     async def fn():
@@ -633,3 +634,29 @@ def test_a_read_ahead_block_on_its_way_to_the_disk_is_not_counted_lost(tmp_path)
         return store.stats.ahead_lost_disk_bytes, store.stats.ahead_lost_memory_bytes
 
     assert run_with_store(store, fn) == (0, 0)
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_blocks_fetched_ahead_reach_the_disk_as_unread(tmp_path, inline):
+    """The disk tier learns which blocks no reader has read yet (``put(unread=)``):
+    those go to the back of its eviction order even if their file was read this
+    epoch (store/disk.py).  Written by the fetching thread, or by the writers."""
+    data = payload(31, 4 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    if not inline:
+        store._inline_writes = threading.Semaphore(0)     # every write to the writers
+    seen, real = {}, store.disk.put
+
+    def put(bk, d, unread=False):
+        seen[bk.index] = unread
+        return real(bk, d, unread)
+    store.disk.put = put
+
+    async def fn():
+        assert await store.read(obj, 0, BS) == data[:BS]           # a demand read
+        store.prefetch(obj, 2, lim.PREFETCH)
+        store.prefetch(obj, 3, lim.PREFETCH, stage=True)
+        while store._flights or store.write_queue_bytes:
+            await trio.sleep(0.01)
+    run_with_store(store, fn)
+    assert seen == {0: False, 2: True, 3: True}

@@ -154,8 +154,8 @@ class BlockStore:
         async for bk, data in self._recv:
             stored = False
             try:
-                stored = await trio.to_thread.run_sync(self.disk.put, bk, data,
-                                                       limiter=self._disk_threads)
+                stored = await trio.to_thread.run_sync(
+                    self.disk.put, bk, data, self.spec.waiting(bk), limiter=self._disk_threads)
             except trio.Cancelled:     # the unmount, before the write began
                 self._cut_off.append((bk, data))        # (write_back writes it)
                 raise
@@ -552,7 +552,7 @@ class BlockStore:
                 data = read()
                 if inline and len(data) == length and slot():
                     try:
-                        flight.stored = self.disk.put(bk, data)
+                        flight.stored = self.disk.put(bk, data, not flight.joined)
                     except Exception:  # a cache failure is never a reader's failure
                         log.exception("disk cache write failed")
                     finally:

@@ -222,15 +222,19 @@ class DiskTier:
         return None
 
     # -- writes ---------------------------------------------------------------------
-    def put(self, bk: BlockKey, data: bytes) -> bool:
-        """Store a block; False (and a log line) if it could not be stored."""
+    def put(self, bk: BlockKey, data: bytes, unread: bool = False) -> bool:
+        """Store a block; False (and a log line) if it could not be stored.
+        ``unread``: fetched ahead and not read yet (read-ahead, prefetch): it goes to
+        the back of the eviction order even if its file is ``spent`` (consumed this
+        epoch: a prefetch of the next epoch's files before the epoch's boundary went
+        to the front and was evicted unread, to be fetched again, bench.tools.epochs)."""
         t0 = cpuacct.clock()
         try:
-            return self._put(bk, data)
+            return self._put(bk, data, unread)
         finally:
             cpuacct.charge("disk_write", t0)
 
-    def _put(self, bk: BlockKey, data: bytes) -> bool:
+    def _put(self, bk: BlockKey, data: bytes, unread: bool = False) -> bool:
         n = len(data)
         if n > self.limit:
             return False
@@ -246,7 +250,7 @@ class DiskTier:
             if name in self._index:
                 return True
         packed = self.pack and n <= self.pack_max
-        front = self.spent is not None and self.spent(bk.key)    # (not under the lock)
+        front = not unread and self.spent is not None and self.spent(bk.key)  # (unlocked)
         if packed and self._segs.spare is None and self._segs.rotates(sg.record_size(n)):
             try:
                 self._segs.make_spare(self._new_segment)

@@ -101,6 +101,10 @@ class Ledger:
         elif entry is not None:
             self._disk_put(bk, entry)
 
+    def waiting(self, bk) -> bool:
+        """``bk`` was fetched ahead and no reader has read it yet."""
+        return bk in self._unread or bk in self._on_disk
+
     # -- disk ------------------------------------------------------------------------
     def staged(self, bk, kind, n: int) -> None:
         """A staged load stored ``bk`` in the disk tier and not in memory."""
