@@ -49,6 +49,13 @@ def make(tmp_path, data, *, disk=True, mem=1 << 20, delay=0.05):
     return be, store, Pinned(info.key, info.version, info.size)
 
 
+async def settle(store):
+    """Until no load is in flight and the disk write queue is empty: a fixed sleep let
+    a slow machine's store.run be cancelled before a queued write began."""
+    while store._flights or store.write_queue_bytes:
+        await trio.sleep(0.01)
+
+
 def run_with_store(store, fn):
     async def main():
         async with trio.open_nursery() as n:
@@ -97,7 +104,7 @@ def test_disk_tier_serves_after_memory_eviction_and_restart(tmp_path):
 
     async def fn():
         assert await store.read(obj, 0, len(data)) == data
-        await trio.sleep(0.2)          # let background disk writes land
+        await settle(store)            # let background disk writes land
     run_with_store(store, fn)
     n_before = len(be.calls)
     be2, store2, obj2 = make(tmp_path, data, mem=BS, delay=0)
@@ -115,7 +122,7 @@ def test_corrupt_disk_block_is_refetched(tmp_path):
 
     async def fn():
         await store.read(obj, 0, len(data))
-        await trio.sleep(0.2)
+        await settle(store)
     run_with_store(store, fn)
     path, off, _ = store.disk.locate(BlockKey(obj.key, obj.version, 1))
     with open(path, "r+b") as f:              # flip one bit of the block's data
@@ -175,11 +182,11 @@ def test_unread_speculative_bytes_are_counted_once_and_not_once_a_reader_waits(t
             await trio.sleep(0.05)
             assert store.speculative_unread_bytes() == 0
         assert store.prefetch(obj, 2, lim.PREFETCH)
-        await trio.sleep(0.4)
+        await settle(store)
         assert store.speculative_unread_bytes() == BS          # loaded, unread
         store.mem.drop(BlockKey(obj.key, obj.version, 2))       # evicted unread
         assert store.prefetch(obj, 2, lim.PREFETCH)
-        await trio.sleep(0.4)
+        await settle(store)
         assert store.speculative_unread_bytes() == BS
         assert await store.read(obj, 2 * BS, 10) == data[2 * BS:2 * BS + 10]
         assert store.speculative_unread_bytes() == 0
@@ -198,11 +205,11 @@ def test_a_speculative_small_block_is_stored_by_the_thread_that_fetched_it(tmp_p
 
     async def fn():
         assert store.prefetch(obj, 1, lim.PREFETCH)
-        await trio.sleep(0.2)
+        await settle(store)
         assert store.disk.contains(BlockKey(obj.key, obj.version, 1))
         assert queued == []
         assert await store.read(obj, 0, 10) == data[:10]      # demand: block 0
-        await trio.sleep(0.2)
+        await settle(store)
         assert queued == [0]
     run_with_store(store, fn)
     be2, store2, obj2 = make(tmp_path, data, delay=0)
