@@ -302,7 +302,8 @@ def test_a_first_pass_then_rereads_of_its_end_keep_lru_without_prefetch_waiting(
 
 @pytest.mark.parametrize("pack_max", [FILES, 1 << 20])
 def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog, pack_max):
-    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=0.3, pack_max=pack_max)
+    # (a retry interval a loaded machine's pause between the first two puts stays in)
+    d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=1.0, pack_max=pack_max)
     d.load()
     # where the block would go is a file, not a directory (root ignores modes)
     k = BlockKey("x", "v", 0)
@@ -313,7 +314,7 @@ def test_unwritable_cache_is_a_warning_not_an_error(tmp_path, caplog, pack_max):
     assert ok is False and d.writable is False
     assert "disk cache write failed" in caplog.text
     assert d.put(BlockKey("y", "v", 1), b"abc") is False  # resting before a retry
-    time.sleep(0.35)                                       # the retry interval passed
+    time.sleep(1.05)                                       # the retry interval passed
     assert d.put(BlockKey("y", "v", 1), b"abc") is True   # recovers when writes work
     assert d.writable is True
 
@@ -328,12 +329,13 @@ def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkey
     d = DiskTier(str(tmp_path), 1 << 20, write_retry_s=60, pack_max=pack_max)
     d.load()
     slow, fail = BlockKey("slow", "v", 0), BlockKey("fail", "v", 0)
-    release = threading.Event()
+    release, waiting = threading.Event(), threading.Event()
     main = threading.get_ident()
     real_replace, real_pwrite = os.replace, os.pwrite
 
     def replace(src, dst):      # the block file's last step
         if slow.name() in dst:
+            waiting.set()
             release.wait(5)
         elif fail.name() in dst:
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -342,6 +344,7 @@ def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkey
     def pwrite(fd, data, offset):   # a segment record's write
         if threading.get_ident() == main:
             raise OSError(errno.ENOSPC, "No space left on device")
+        waiting.set()
         release.wait(5)
         return real_pwrite(fd, data, offset)
 
@@ -350,7 +353,7 @@ def test_concurrent_writes_during_a_failure_log_it_once(tmp_path, caplog, monkey
     results = {}
     t = threading.Thread(target=lambda: results.setdefault("slow", d.put(slow, b"a" * 10)))
     t.start()
-    time.sleep(0.1)                      # the slow write is past its checks
+    assert waiting.wait(5)               # the slow write is past its checks
     assert d.put(fail, b"b" * 10) is False and d.writable is False
     release.set()
     t.join()
