@@ -78,7 +78,8 @@ def test_a_cold_miss_is_one_request_the_claim():
         took = time.monotonic() - t0
         assert b.log == [("PUT", "claim")]
         assert BlockKey("k", "v1", 0) in t._held           # ours: fetch it
-        assert took < 1.6 * LATENCY, f"a cold miss took {took:.2f} s: two round trips"
+        # (not 1.6: a loaded machine's pause; a second round trip is >= 2 x LATENCY)
+        assert took < 1.9 * LATENCY, f"a cold miss took {took:.2f} s: two round trips"
 
     trio.run(main)
 
@@ -246,10 +247,15 @@ def test_a_claim_given_up_or_stale_is_not_waited_out():
 
             name = reader.block_object(reader._hash(old))
             b.objects[name] = sh.claim("dead-node", time.time() - sh.CLAIM_STALE_S - 1, False)
+            b.log.clear()
             t0 = time.monotonic()
             assert await reader.get(old, 10) is None
-            assert time.monotonic() - t0 < 0.1
+            # the claim and the look that found it stale, no poll, no wait (any lease
+            # wait is >= LEASE_WAIT_MIN_S; 0.1 s was a loaded machine's pause away)
+            assert b.log == [("PUT", "claim"), ("GET", "block")], b.log
+            assert time.monotonic() - t0 < sh.LEASE_WAIT_MIN_S
             assert reader.c["shared_lease_stale"] == 1
+            assert reader.c["shared_lease_waits"] == 1      # (the first claim's only)
             reader.fetched(old, b"s" * 10)          # its origin fetch: written through
             with trio.fail_after(2):
                 while b.objects[name].startswith(CLAIM_MAGIC):
