@@ -125,7 +125,7 @@ class BlockStore:
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
         self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
         self._flights: dict[BlockKey, _Flight] = {}
-        self.spec = Ledger(stats)     # speculative blocks not read yet, per tier
+        self.spec = Ledger(stats, disk.taken if disk is not None else None)   # unread
         # unread speculative bytes the disk tier may hold (STAGE_FRACTION)
         self.stage_limit = int(disk.limit * STAGE_FRACTION) if disk is not None else 0
         self._send, self._recv = trio.open_memory_channel(DISK_WRITE_QUEUE_ENTRIES)

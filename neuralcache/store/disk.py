@@ -159,6 +159,17 @@ class DiskTier:
         finally:
             cpuacct.charge("disk_read", t0)
 
+    def taken(self, bk: BlockKey) -> None:
+        """A reader took ``bk``, fetched ahead, from the memory tier: its copy here,
+        stored unread at the back of the order (``put``) or read here by that fetch,
+        goes to the front if its file is ``spent``, as a read here would (otherwise
+        it stayed at the back as if still to be read, and blocks still to be read were
+        evicted before it, to be fetched again: bench.tools.epochs)."""
+        if self.spent is not None and self.spent(bk.key):
+            with self._lock:
+                if bk.name() in self._index:
+                    self._index.move_to_end(bk.name(), last=False)
+
     def _get(self, bk: BlockKey) -> bytes | None:
         name = bk.name()
         front = self.spent is not None and self.spent(bk.key)

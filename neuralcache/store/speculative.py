@@ -40,8 +40,11 @@ STAGE_FRACTION = 0.5
 
 
 class Ledger:
-    def __init__(self, stats: Stats):
+    def __init__(self, stats: Stats, taken=None):
         self.stats = stats
+        # called with each block fetched ahead when a reader takes it from memory: the
+        # disk tier's copy (DiskTier.taken), written unread, is read now
+        self.taken = taken or (lambda bk: None)
         # BlockKey -> (kind, bytes): loaded into memory, not read by anyone yet
         self._unread = lru.LRU(SPECULATIVE_MEMORY, callback=self._unread_dropped)
         # ... and those the disk tier holds instead: memory evicted them unread, or a
@@ -87,6 +90,7 @@ class Ledger:
         if entry is not None:
             self.unread -= entry[1]
             self.count_used(entry[0], n)
+            self.taken(bk)
 
     def evicted(self, bk, on_disk) -> None:
         """Memory let ``bk`` go; ``on_disk()``: whether the disk tier holds it or will.
