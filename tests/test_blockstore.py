@@ -667,3 +667,21 @@ def test_blocks_fetched_ahead_reach_the_disk_as_unread(tmp_path, inline):
             await trio.sleep(0.01)
     run_with_store(store, fn)
     assert seen == {0: False, 2: True, 3: True}
+
+
+def test_a_block_fetched_ahead_is_taken_on_the_disk_when_read_from_memory(tmp_path):
+    """Ledger.read tells the disk tier (``DiskTier.taken``) that a reader took a block
+    fetched ahead, once; a demand read's own block is not such a block."""
+    data = payload(32, 3 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    taken = []
+    store.spec.taken = taken.append
+
+    async def fn():
+        store.prefetch(obj, 1, lim.PREFETCH)
+        await settle(store)
+        for _ in range(2):
+            assert await store.read(obj, BS, BS) == data[BS:2 * BS]
+        assert await store.read(obj, 0, BS) == data[:BS]
+    run_with_store(store, fn)
+    assert taken == [BlockKey(obj.key, obj.version, 1)]

@@ -265,6 +265,26 @@ def test_blocks_staged_for_the_next_epoch_stay_until_read(tmp_path):
     assert _next_epoch_staged_lost(tmp_path / "old", unread=False) > 50   # (152)
 
 
+def test_a_block_fetched_ahead_moves_to_the_front_once_taken_if_spent(tmp_path):
+    """Stored unread at the back; a reader takes it from memory (``taken``): to the
+    front of the order where the eviction looks, if its file is spent, as a read of it
+    here would; else where it was."""
+    d = DiskTier(str(tmp_path), 10 * 1000)
+    d.load()
+    spent = {"a"}
+    d.spent = lambda key: key in spent
+    for k in ("a", "b", "c"):
+        d.put(BlockKey(k, "v", 0), bytes(1000), unread=True)   # (a: not at the front)
+    order = lambda: [d._owner[n] for n in d._index]      # noqa: E731
+    assert order() == ["a", "b", "c"]
+    d.taken(BlockKey("c", "v", 0))
+    assert order() == ["a", "b", "c"]
+    spent.add("c")
+    d.taken(BlockKey("c", "v", 0))
+    d.taken(BlockKey("gone", "v", 0))
+    assert order() == ["c", "a", "b"]
+
+
 def test_a_first_pass_then_rereads_of_its_end_keep_lru_without_prefetch_waiting(tmp_path):
     """Review: a first pass over four times the disk tier, then the last 80 % of a
     tier's worth of it read again and again.  With the first epoch's blocks sent to

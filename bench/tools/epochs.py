@@ -13,9 +13,8 @@ each epoch, every byte checked (xxh3), the kernel page cache dropped before each
 With a disk cache holding a fraction f of the dataset, LRU keeps about
 f + (1 - f) ln(1 - f) of it from one epoch to the next (0.15 at f = 0.5) and an
 eviction that drops what the epoch already read first keeps f (predictors/epoch.py).
-The ``overflow`` scenario (bench/scenarios/overflow.py) cannot tell them apart: its
-disk cache holds 32 blocks, fewer than the eviction looks at (store/disk.py
-EVICT_SCAN).  Per epoch: files/s, MiB fetched over the link, of it read ahead or
+The ``overflow`` scenario (bench/scenarios/overflow.py) shows the same with 2 MiB
+shards and one reader; this one has many small files and 8 readers.  Per epoch: files/s, MiB fetched over the link, of it read ahead or
 prefetched and of that read, the disk cache's hits, the daemon's CPU seconds.  Writes
 epochs.json.
 """
