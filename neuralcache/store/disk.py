@@ -160,11 +160,12 @@ class DiskTier:
             cpuacct.charge("disk_read", t0)
 
     def taken(self, bk: BlockKey) -> None:
-        """A reader took ``bk``, fetched ahead, from the memory tier: its copy here,
-        stored unread at the back of the order (``put``) or read here by that fetch,
-        goes to the front if its file is ``spent``, as a read here would (otherwise
-        it stayed at the back as if still to be read, and blocks still to be read were
-        evicted before it, to be fetched again: bench.tools.epochs)."""
+        """A reader took ``bk`` from the memory tier: its copy here (stored unread at
+        the back of the order, or read here an epoch ago) goes to the front if its
+        file is ``spent``, as a read here would.  Otherwise it stayed where it was, as
+        if still to be read, and the eviction took blocks still to be read before it,
+        to be fetched again: `python -m bench.tools.epochs`, epochs 2-4 fetched
+        159-178 MiB against 185-204, at 351-371 files/s against 328-345."""
         if self.spent is not None and self.spent(bk.key):
             with self._lock:
                 if bk.name() in self._index:

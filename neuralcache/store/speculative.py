@@ -42,8 +42,8 @@ STAGE_FRACTION = 0.5
 class Ledger:
     def __init__(self, stats: Stats, taken=None):
         self.stats = stats
-        # called with each block fetched ahead when a reader takes it from memory: the
-        # disk tier's copy (DiskTier.taken), written unread, is read now
+        # called with each block a reader takes from memory: the disk tier's copy
+        # (DiskTier.taken), written unread or read there long ago, is read now
         self.taken = taken or (lambda bk: None)
         # BlockKey -> (kind, bytes): loaded into memory, not read by anyone yet
         self._unread = lru.LRU(SPECULATIVE_MEMORY, callback=self._unread_dropped)
@@ -85,12 +85,13 @@ class Ledger:
         self.unread += n
 
     def read(self, bk, n: int) -> None:
-        """A reader took ``bk`` from memory (or joined its load)."""
+        """A reader took ``bk`` from memory (or joined its load); the disk tier hears
+        of it (``taken``)."""
         entry = self._unread.pop(bk, None)
         if entry is not None:
             self.unread -= entry[1]
             self.count_used(entry[0], n)
-            self.taken(bk)
+        self.taken(bk)
 
     def evicted(self, bk, on_disk) -> None:
         """Memory let ``bk`` go; ``on_disk()``: whether the disk tier holds it or will.
