@@ -674,7 +674,7 @@ def test_every_block_a_reader_takes_is_reported_to_the_disk_tier(tmp_path):
     takes: fetched ahead, a memory hit, a demand load.  A block served from memory
     left the disk's order where it was, as if still to be read this epoch, and the
     eviction took blocks still to be read before it (bench.tools.epochs: epochs 2-4
-    fetched 159-178 MiB instead of 185-204)."""
+    fetched 158-178 MiB instead of 185-204)."""
     data = payload(32, 3 * BS)
     be, store, obj = make(tmp_path, data, delay=0)
     taken = []

@@ -165,7 +165,7 @@ class DiskTier:
         file is ``spent``, as a read here would.  Otherwise it stayed where it was, as
         if still to be read, and the eviction took blocks still to be read before it,
         to be fetched again: `python -m bench.tools.epochs`, epochs 2-4 fetched
-        159-178 MiB against 185-204, at 351-371 files/s against 328-345."""
+        158-178 MiB against 185-204, at 351-371 files/s against 328-345."""
         if self.spent is not None and self.spent(bk.key):
             with self._lock:
                 if bk.name() in self._index:
