@@ -4,9 +4,12 @@ table (the default) or issue 10's first one (``--issue 10``).
 
     python -m bench.targets OUT/results.json [MORE/results.json ...]
                             [--breakdown OUT/breakdown.json] [--issue 20|10]
+    python -m bench.targets --runs RUN1/results.json,RUN1/breakdown.json RUN2 ...
 
 Several results files are read as one (the full run, ``--scenario checkpoint`` and
-``--scenario multinode``, which ``python -m bench run`` leaves out of "all").
+``--scenario multinode``, which ``python -m bench run`` leaves out of "all").  With
+``--runs`` each argument is one run (comma-joined files or directories) and the table
+gives each target's median, range and how many runs met it.
 
 Every ratio comes from rows of the same run (the machines are shared and noisy; only
 side-by-side ratios mean anything).  A row the run did not measure shows as "-".
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 GIB = 1 << 30
@@ -125,32 +129,33 @@ def check_kernel_path(results: dict, breakdown: dict | None = None
     nc, hints = "neuralcache", "neuralcache-hints"
     out: list[tuple[str, str, str, bool | None]] = []
 
-    def add(what, target, measured, ok):
-        out.append((what, target, measured, ok))
+    def add(what, target, measured, ok, *values):
+        out.append((what, target, measured, ok, values))
 
     warm, cold = _requests_per_file(bd.get("files warm 2")), _requests_per_file(
         bd.get("files cold"))
     add("FUSE requests per warm / cold small file (bench.breakdown)", "<= 2 / <= 3",
         f"{_fmt(warm)} / {_fmt(cold)}",
-        None if warm is None or cold is None else warm <= 2.05 and cold <= 3.05)
+        None if warm is None or cold is None else warm <= 2.05 and cold <= 3.05, warm, cold)
     sizes = (bd.get("bigfile cold") or {}).get("fuse_read_sizes") or {}
     top = max(sizes, key=sizes.get) if sizes else None
     add("READ size, sequential cold read (bench.breakdown)", "1 MiB",
         top or "-", None if top is None else top == "<=1M")
     x = _ratio(rows.get(("samples", "warm", nc)), rows.get(("samples", "warm", "local")))
-    add("warm samples", ">= 0.8 x local", f"{_fmt(x)} x local", None if x is None else x >= 0.8)
+    add("warm samples", ">= 0.8 x local", f"{_fmt(x)} x local", None if x is None else x >= 0.8,
+        x)
     disk, local = bd.get("bigfile disk"), rows.get(("bigfile", "cold", "local"))
     if disk and disk.get("seconds") and local:
         cpu = disk["cpu"]["total"] / (disk["bytes"] / GIB)
         xl = disk["bytes"] / disk["seconds"] / 1e6 / local["value"]
         add("1 GiB from the disk cache (bench.breakdown)", ">= 0.8 x local cold, <= 0.5 "
             "CPU-s per GiB", f"{xl:.2f} x local, {cpu:.2f} CPU-s per GiB",
-            xl >= 0.8 and cpu <= 0.5)
+            xl >= 0.8 and cpu <= 0.5, xl, cpu)
     r = rows.get(("samples", "cold", nc))
     per_file = (r["cpu_daemon_s"] / r["files"] * 1000) if r and r.get("files") \
         and r.get("cpu_daemon_s") is not None else None
     add("daemon CPU per cold 100 KB file (samples)", "<= 0.6 ms", _fmt(per_file, " ms"),
-        None if per_file is None else per_file <= 0.6)
+        None if per_file is None else per_file <= 0.6, per_file)
     for sc, peers, want, what in (("bigfile", MOUNTS + LIBRARIES, 1.1, "best mount or library"),
                                   ("shards", LIBRARIES, 1.1, "best library")):
         mine = _best(rows, sc, "cold", (nc, hints))
@@ -158,11 +163,11 @@ def check_kernel_path(results: dict, breakdown: dict | None = None
         x = _ratio(mine, best)
         add(f"cold {sc}", f">= {want} x the {what}",
             f"{_fmt(x)} x {best['system'] if best else '-'}"
-            f" ({mine['system'] if mine else '-'})", None if x is None else x >= want)
+            f" ({mine['system'] if mine else '-'})", None if x is None else x >= want, x)
     x = _ratio(rows.get(("train-files", "epoch1", hints)), best := _best(
         rows, "train-files", "epoch1", LIBRARIES))
     add("train-files epoch 1 with hints", ">= 1.05 x the best library",
-        f"{_fmt(x)} x {best['system'] if best else '-'}", None if x is None else x >= 1.05)
+        f"{_fmt(x)} x {best['system'] if best else '-'}", None if x is None else x >= 1.05, x)
     save, lsave = rows.get(("checkpoint", "save", nc)), rows.get(("checkpoint", "save",
                                                                   "local"))
     xs = save["value"] / lsave["value"] if save and lsave and lsave.get("value") else None
@@ -177,45 +182,118 @@ def check_kernel_path(results: dict, breakdown: dict | None = None
         f"{_fmt(xs)} x local"
         + (f" ({_fmt(xd)} x local close + fsync)" if xd is not None else "")
         + f" / {_fmt(xr)} x S3Checkpoint",
-        None if xs is None or xr is None else xs <= 1.2 and xr >= 1.1)
+        None if xs is None or xr is None else xs <= 1.2 and xr >= 1.1, xs, xr)
     x = _ratio(rows.get(("multinode", "epoch1", "4x nc --shared-cache")),
                rows.get(("multinode", "epoch1", "4x neuralcache")))
     add("multinode epoch 1, slowest node with --shared-cache / without", ">= 0.9",
-        _fmt(x), None if x is None else x >= 0.9)
+        _fmt(x), None if x is None else x >= 0.9, x)
     return out
 
 
 def table(checked) -> str:
     lines = ["| target | wanted | this run | met |", "|---|---|---|---|"]
-    for what, target, measured, ok in checked:
+    for what, target, measured, ok, *_ in checked:
         lines.append(f"| {what} | {target} | {measured} | "
                      f"{'-' if ok is None else ('yes' if ok else 'no')} |")
     return "\n".join(lines)
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def summary(runs: list[list[tuple]]) -> str:
+    """Several runs' checks (each from ``check_kernel_path``), one target a row: the
+    median of each number with its range, and in how many of the runs that measured
+    it the target was met ("yes" when in more than half).  A single run's ratio swings
+    by more than the targets' margins here (bench/RESULTS.md, the pair runs of
+    train-files and bigfile), so a verdict stands on several."""
+    n = len(runs)
+    lines = [f"| target | wanted | median (least-most) of {n} runs | met in | met |",
+             "|---|---|---|---|---|"]
+    for i, (what, target, *_rest) in enumerate(runs[0]):
+        got = [run[i] for run in runs]
+        measured = [g for g in got if g[3] is not None]
+        cols = []
+        for k in range(max((len(g[4]) for g in got), default=0)):
+            xs = [g[4][k] for g in got if len(g[4]) > k and g[4][k] is not None]
+            if xs:
+                cols.append(f"{_median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})")
+        if not cols:        # no number to take a median of (the READ size): the values seen
+            cols = [", ".join(sorted({g[2] for g in measured})) or "-"]
+        met = sum(1 for g in measured if g[3])
+        verdict = "-" if not measured else ("yes" if met * 2 > len(measured) else "no")
+        lines.append(f"| {what} | {target} | {' / '.join(cols)} | "
+                     f"{met} of {len(measured)} | {verdict} |")
+    lines += ["", "| target | " + " | ".join(f"run {k + 1}" for k in range(n)) + " |",
+              "|---|" + "---|" * n]
+    for i, (what, *_rest) in enumerate(runs[0]):
+        lines.append(f"| {what} | " + " | ".join(run[i][2] for run in runs) + " |")
+    return "\n".join(lines)
+
+
+def _load_run(spec: str) -> tuple[dict, dict | None]:
+    """One run from a comma-separated list of paths: results.json files (rows, read as
+    one), breakdown.json files (told apart by their rows: a dict of workloads) or
+    directories holding either or both."""
+    results, breakdown = {"rows": []}, None
+    for path in filter(None, spec.split(",")):
+        if os.path.isdir(path):
+            found = [os.path.join(path, n) for n in ("results.json", "breakdown.json")
+                     if os.path.exists(os.path.join(path, n))]
+            if not found:
+                raise ValueError(f"{path}: neither results.json nor breakdown.json in it")
+        else:
+            found = [path]
+        for f_path in found:
+            with open(f_path) as f:
+                doc = json.load(f)
+            if isinstance(doc.get("rows"), dict):
+                breakdown = doc
+            else:
+                results["rows"] += doc["rows"]
+    return results, breakdown
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.targets", description=__doc__.split(
         "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("results", nargs="+",
-                   help="results.json files written by python -m bench run (read as one)")
+                   help="results.json files written by python -m bench run (read as one); "
+                        "with --runs, one run per argument")
     p.add_argument("--breakdown", help="breakdown.json written by python -m bench.breakdown")
     p.add_argument("--issue", choices=("20", "10"), default="20",
                    help="whose targets: 20 (kernel path, default) or 10 (the first table)")
+    p.add_argument("--runs", action="store_true",
+                   help="each argument is one run: its results.json and breakdown.json "
+                        "files (or the directories holding them) joined by commas; prints "
+                        "each target's median and range and in how many runs it was met")
     a = p.parse_args(argv)
+    checker = check_kernel_path if a.issue == "20" else check
     try:
-        results = {"rows": []}
-        for path in a.results:
-            with open(path) as f:
-                results["rows"] += json.load(f)["rows"]
-        breakdown = None
-        if a.breakdown:
-            with open(a.breakdown) as f:
-                breakdown = json.load(f)
-    except (OSError, ValueError) as exc:
+        if a.runs:
+            runs = [_load_run(spec) for spec in a.results]
+        else:
+            results = {"rows": []}
+            for path in a.results:
+                with open(path) as f:
+                    results["rows"] += json.load(f)["rows"]
+            breakdown = None
+            if a.breakdown:
+                with open(a.breakdown) as f:
+                    breakdown = json.load(f)
+    except (OSError, ValueError, KeyError, AttributeError) as exc:
         print(f"cannot read the results: {exc}", file=sys.stderr)
         return 2
-    checker = check_kernel_path if a.issue == "20" else check
-    print(table(checker(results, breakdown)))
+    if a.runs:
+        if a.issue != "20":
+            print("--runs reads issue 20's targets only", file=sys.stderr)
+            return 2
+        print(summary([checker(r, b) for r, b in runs]))
+    else:
+        print(table(checker(results, breakdown)))
     return 0
 
 

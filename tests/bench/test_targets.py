@@ -61,7 +61,7 @@ def test_kernel_path_targets_from_rows_and_a_breakdown():
         "files warm 2": {"files": 100, "fuse_requests": {"open": 100, "release": 100}},
         "bigfile cold": {"fuse_read_sizes": {"<=1M": 1024, "<=128K": 2}},
         "bigfile disk": {"seconds": 1.0, "bytes": GIB, "cpu": {"total": 0.8}}}}
-    got = {what: (measured, ok) for what, _, measured, ok in
+    got = {what: (measured, ok) for what, _, measured, ok, _values in
            check_kernel_path({"rows": rows}, bd)}
     assert got["FUSE requests per warm / cold small file (bench.breakdown)"] == (
         "2.00 / 3.10", False)
@@ -78,3 +78,52 @@ def test_kernel_path_targets_from_rows_and_a_breakdown():
     assert got["multinode epoch 1, slowest node with --shared-cache / without"] == (
         "0.90", True)
     assert check_kernel_path({"rows": []})[0][3] is None       # nothing measured
+
+
+def test_several_runs_give_medians_ranges_and_how_many_met(tmp_path):
+    """--runs: each argument one run (files joined by commas, or a directory); a target
+    is met when more than half the runs that measured it met it."""
+    import json
+
+    from bench.report.targets import main
+
+    def run(nc, best):
+        rows = [row("bigfile", "cold", "neuralcache", nc),
+                row("bigfile", "cold", "s3fs", best)]
+        return {"rows": rows}
+
+    paths = []
+    for k, (nc, best) in enumerate(((440.0, 400.0), (520.0, 400.0), (400.0, 400.0))):
+        d = tmp_path / f"run{k}"
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(run(nc, best)))
+        paths.append(str(d))
+    bd = tmp_path / "bd.json"
+    bd.write_text(json.dumps({"rows": {"bigfile cold": {"fuse_read_sizes": {"<=1M": 9}}}}))
+    paths[0] += "," + str(bd)         # a breakdown joined to the first run only
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--runs", *paths]) == 0
+    text = out.getvalue()
+    # ratios 1.10, 1.30, 1.00: median 1.10, met (>= 1.1) in 2 of 3
+    assert "| cold bigfile | >= 1.1 x the best mount or library | 1.10 (1.00-1.30) | " \
+        "2 of 3 | yes |" in text
+    assert "| READ size, sequential cold read (bench.breakdown) | 1 MiB | <=1M | 1 of 1 " \
+        "| yes |" in text
+    assert "| warm samples | >= 0.8 x local | - | 0 of 0 | - |" in text
+    assert "| cold bigfile | 1.10 x s3fs (neuralcache) | 1.30 x s3fs (neuralcache) | " \
+        "1.00 x s3fs (neuralcache) |" in text
+    # one run of three short of the median's side: not met
+    (tmp_path / "run1" / "results.json").write_text(json.dumps(run(420.0, 400.0)))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        main(["--runs", *paths])
+    assert "| 1.05 (1.00-1.10) | 1 of 3 | no |" in out.getvalue()
+    # a directory with nothing in it is a one-line error, not a traceback
+    (tmp_path / "empty").mkdir()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["--runs", str(tmp_path / "empty")]) == 2
+    assert "neither results.json nor breakdown.json" in err.getvalue()
