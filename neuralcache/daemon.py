@@ -323,6 +323,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "pages_dropped": ops.pages.dropped,
                  "disk_cache_writable": disk.writable,
                  "corrupt_blocks_dropped": disk.corrupt_blocks,
+                 "disk_puts_declined": disk.declined,
                  "readahead": cfg.readahead, "prefetch": cfg.prefetch}
         extra.update(writes.stats() if writes is not None else {"writable": False})
         cpu = cpuacct.snapshot()

@@ -285,6 +285,34 @@ def test_a_block_fetched_ahead_moves_to_the_front_once_taken_if_spent(tmp_path):
     assert order() == ["c", "a", "b"]
 
 
+def test_a_spent_block_takes_only_a_spent_blocks_room(tmp_path):
+    """A block read this epoch (``spent``) is next wanted an epoch from now, later than
+    any block still to be read: the tier declines to store it where that would evict
+    one of those (Belady's rule), and stores it in a spent block's room.  Before, the
+    put evicted a block still to be read, fetched again before the epoch ended."""
+    d = DiskTier(str(tmp_path), 3 * 1000)
+    d.load()
+    spent = set()
+    d.spent = lambda key: key in spent
+    d.evict_rank = lambda key: 0 if key in spent else 1
+    for k in ("a", "b", "c"):
+        assert d.put(BlockKey(k, "v", 0), bytes(1000))
+    spent.add("new")
+    assert d.put(BlockKey("new", "v", 0), bytes(1000)) is False
+    assert d.declined == 1 and d.used == 3000 and d.write_errors == 0
+    assert all(d.contains(BlockKey(k, "v", 0)) for k in ("a", "b", "c"))
+    assert d.writable                       # a declined put is not a failed write
+    # fetched ahead (unread) or not spent: stored as before, evicting the LRU head
+    assert d.put(BlockKey("ahead", "v", 0), bytes(1000), unread=True)
+    assert not d.contains(BlockKey("a", "v", 0))
+    # once a block was read this epoch, a spent block takes its room
+    spent.add("b")
+    assert d.get(BlockKey("b", "v", 0)) is not None
+    assert d.put(BlockKey("new", "v", 0), bytes(1000))
+    assert not d.contains(BlockKey("b", "v", 0)) and d.contains(BlockKey("c", "v", 0))
+    assert d.declined == 1 and d.used == 3000
+
+
 def test_a_first_pass_then_rereads_of_its_end_keep_lru_without_prefetch_waiting(tmp_path):
     """Review: a first pass over four times the disk tier, then the last 80 % of a
     tier's worth of it read again and again.  With the first epoch's blocks sent to

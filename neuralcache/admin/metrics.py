@@ -57,6 +57,10 @@ COUNTERS = {
     "neuralcache_disk_writes_skipped_total": ("disk_writes_skipped",
                                               "Fetched blocks not queued for the disk "
                                               "tier on arrival (its write queue full)"),
+    "neuralcache_disk_puts_declined_total": ("disk_puts_declined",
+                                             "Blocks read this epoch the disk tier did "
+                                             "not store: only blocks still to be read "
+                                             "this epoch were left to evict"),
     "neuralcache_disk_writes_late_total": ("disk_writes_late",
                                            "Blocks in memory only (write skipped or "
                                            "failed) queued once their reader left them "
