@@ -220,3 +220,30 @@ def test_closing_a_file_read_whole_gives_its_blocks_back():
     assert store.consumed_blocks == []
     trio.run(ops.release, handles[0])
     assert store.consumed_blocks == [(node.key, 0), (node.key, 1), (node.key, 2)]
+
+
+def test_a_read_gives_the_predictor_its_deferred_opens_before_the_load():
+    """An open counted warm is deferred (Prefetcher.on_open); its READ reaching the
+    daemon means the pages were gone, and the load that follows stores the block on
+    the disk tier, which asks the epoch tracker whether the file was read this epoch.
+    The predictor hears of the open before the load (``reading``), not after it."""
+    calls = []
+
+    class Store:
+        async def read(self, p, off, size):
+            calls.append("load")
+            return DATA[off:off + size]
+
+    class Prefetcher:
+        def reading(self):
+            calls.append("reading")
+
+        def on_read(self, *a):
+            calls.append("on_read")
+
+    ops = edge(Store())
+    ops.prefetcher = Prefetcher()
+    node = ops.ns.put_file(NEW, len(DATA), "etag-1", 0.0)
+    fh = ops._new_fh(FileHandle(node, Pinned(NEW, "etag-1", len(DATA)), None, 1))
+    assert trio.run(ops.read, fh, 0, 100) == DATA
+    assert calls == ["reading", "load", "on_read"]

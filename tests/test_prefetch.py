@@ -150,6 +150,12 @@ def test_a_warm_open_plans_nothing_and_is_observed_when_the_predictor_is_needed(
     run(store, lambda: pf.on_open("elsewhere/y", 1, 1))
     assert [e.path for e in seen] == ["warm/0", "warm/1", "warm/2", "elsewhere/y"]
     assert be.calls == [("a", 0, 10)]
+    # a READ of a file opened warm (its pages gone): the predictor hears of the open
+    # before the read's load (``reading``, called by the edge), with nothing planned
+    run(store, lambda: pf.on_open("warm/3", 1, 1, warm=True))
+    seen.clear()
+    pf.reading()
+    assert [e.path for e in seen] == ["warm/3"] and be.calls == [("a", 0, 10)]
 
 
 def test_a_long_warm_stretch_keeps_only_its_last_opens():

@@ -413,25 +413,22 @@ class Operations(pyfuse3.Operations):
         st.reads += 1
         st.count_read_size(size)
         p = h.pinned
+        if self.prefetcher is not None:    # before the load stores it (Prefetcher.reading)
+            self.prefetcher.reading()
         t0 = time.monotonic()
         try:
             # a rename here may finish while this waits: the read follows it
             data = await read_following(self.store, lambda: h.pinned, off, size)
             p = h.pinned
-        except NotFound:
+        except Exception as exc:
             st.read_errors += 1
-            if h.pinned is p:
+            if isinstance(exc, NotFound) and h.pinned is p:
                 log.warning("%s: listed, but the remote has no such object now (deleted "
                             "since it was listed, or a manifest out of date)", p.key)
-            raise
-        except VersionChanged:
-            st.read_errors += 1
-            p = h.pinned        # (the one read last, if a rename moved it meanwhile)
-            log.warning("%s: changed on the remote since it was opened (version %s): "
-                        "ESTALE; open it again for the new version", p.key, p.version)
-            raise
-        except Exception:
-            st.read_errors += 1
+            elif isinstance(exc, VersionChanged):
+                p = h.pinned        # (the one read last, if a rename moved it meanwhile)
+                log.warning("%s: changed on the remote since it was opened (version %s): "
+                            "ESTALE; open it again for the new version", p.key, p.version)
             raise
         if st.read_hist is not None:
             st.read_hist.observe(time.monotonic() - t0)
