@@ -688,3 +688,30 @@ def test_every_block_a_reader_takes_is_reported_to_the_disk_tier(tmp_path):
         assert await store.read(obj, 0, BS) == data[:BS]
     run_with_store(store, fn)
     assert taken == [BlockKey(obj.key, obj.version, i) for i in (1, 1, 0)]
+
+
+def test_a_block_the_disk_declines_is_not_queued_again(tmp_path):
+    """The disk tier declines a block read this epoch where only blocks still to be
+    read are left to evict (DiskTier.put); the store does not hand it to the disk
+    writers, nor queue it again when the memory tier evicts it (``settled``): one
+    declined put per block, no late write, no skipped one."""
+    data = payload(11, 4 * BS)
+    be, store, obj = make(tmp_path, data, mem=BS)          # memory holds one block
+    d = DiskTier(str(tmp_path / "small"), 2 * BS)
+    d.load()
+    store.disk = d
+    d.spent = lambda key: key == obj.key
+    d.evict_rank = lambda key: 0 if key == obj.key else 1
+    for i in range(2):                                      # full: still to be read
+        assert d.put(BlockKey("other", "v", i), bytes(BS))
+
+    async def fn():
+        for i in range(3):
+            assert await store.read(obj, i * BS, BS) == data[i * BS:(i + 1) * BS]
+            await settle(store)
+    run_with_store(store, fn)
+    assert d.declined == 3 and all(d.settled(BlockKey(obj.key, obj.version, i))
+                                   for i in range(3))
+    assert not d.settled(BlockKey(obj.key, obj.version, 3))
+    assert d.contains(BlockKey("other", "v", 0)) and d.contains(BlockKey("other", "v", 1))
+    assert store.stats.disk_writes_late == 0 and store.stats.disk_writes_skipped == 0

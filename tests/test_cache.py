@@ -300,6 +300,7 @@ def test_a_spent_block_takes_only_a_spent_blocks_room(tmp_path):
     spent.add("new")
     assert d.put(BlockKey("new", "v", 0), bytes(1000)) is False
     assert d.declined == 1 and d.used == 3000 and d.write_errors == 0
+    assert d.settled(BlockKey("new", "v", 0)) and not d.contains(BlockKey("new", "v", 0))
     assert all(d.contains(BlockKey(k, "v", 0)) for k in ("a", "b", "c"))
     assert d.writable                       # a declined put is not a failed write
     # fetched ahead (unread) or not spent: stored as before, evicting the LRU head
@@ -310,7 +311,7 @@ def test_a_spent_block_takes_only_a_spent_blocks_room(tmp_path):
     assert d.get(BlockKey("b", "v", 0)) is not None
     assert d.put(BlockKey("new", "v", 0), bytes(1000))
     assert not d.contains(BlockKey("b", "v", 0)) and d.contains(BlockKey("c", "v", 0))
-    assert d.declined == 1 and d.used == 3000
+    assert d.declined == 1 and d.used == 3000 and d.settled(BlockKey("new", "v", 0))
 
 
 def test_a_first_pass_then_rereads_of_its_end_keep_lru_without_prefetch_waiting(tmp_path):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from bench.wan import WanProxy
+from bench.wan import WanProxyProcess
 from conftest import cli_env, digest, eventually, mounted, needs_fuse, new_bucket, payload, \
     run_cli, upload_tree
 from neuralcache.hints import publish_order
@@ -65,13 +65,13 @@ def test_a_file_opened_in_one_class_lists_its_sibling_classes_for_the_prefetcher
 
 
 def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp_path):
-    """The listing goes through a link 0.4 s away (bench.wan): a refresh of the
-    3,001 entries takes 4 pages, 1.6 s or more, and a stat() that waited on any page
-    of it would take 0.4 s or more.  On the link of the other tests (~1 ms), a stat()
-    made to wait on the whole refresh took 0.1 s, under any bound that load allows."""
+    """The listing goes through a link 0.6 s away (bench.wan, its own process): a
+    refresh of the 3,001 entries takes 4 pages, 2.4 s or more, and a stat() made to
+    wait on it took 3.1 s (lookup awaiting the refresh).  On the link of the other
+    tests (~1 ms), that wait took 0.1 s, under any bound that load allows."""
     bucket = new_bucket(s3)
     upload_tree(s3, bucket, {f"d/{i:04d}": b"x" for i in range(3000)} | {"d/gone": b"g"})
-    with WanProxy(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=400) as proxy, \
+    with WanProxyProcess(f"127.0.0.1:{seaweed.s3_port}", rtt_ms=600) as proxy, \
             mounted(f"s3://{bucket}", tmp_path / "mnt", env=cli_env(seaweed),
                     cache_dir=tmp_path / "mnt-cache",
                     args=["--endpoint-url", proxy.endpoint, "--metadata-ttl", "1"]) as mp:
@@ -96,7 +96,7 @@ def test_remote_changes_show_after_the_ttl_and_no_request_waits(seaweed, s3, tmp
         assert stats(mp)["metadata_refreshes"] >= 1
         assert eventually(lambda: stats(mp)["pages_dropped"] >= 1, timeout=5)
         # 3,001 entries re-listed and compared more than once: no stat() waited for it
-        assert longest < 0.3, longest
+        assert longest < 0.35, longest
 
 
 def test_manifest_mounts_without_listing_and_says_when_it_disagrees(seaweed, s3, tree,

@@ -295,10 +295,9 @@ class Prefetcher:
             self._pump()
 
     def reading(self) -> None:
-        """A READ reached the daemon, so the kernel did not hold that file's pages after
-        all (an open counted warm, its pages dropped since: between epochs, or under
-        memory pressure): the predictor gets the deferred opens now, before the read
-        takes its block.  The disk tier asks the epoch tracker whether the file was
+        """A READ reached the daemon: the opens deferred as warm may not have been (a
+        file's pages dropped since its last open: between epochs, or under memory
+        pressure), so the predictor gets them now, before the read takes its block.  The disk tier asks the epoch tracker whether the file was
         read this epoch (predictors/epoch.py ``spent``) when the read takes the block
         from memory (``DiskTier.taken``) or its load stores it; told after, the answer
         was "not yet", the block stayed at the back of the eviction order (or went
@@ -324,8 +323,8 @@ class Prefetcher:
         """Give the predictor the warm opens it has not seen yet, in order."""
         if not self._deferred:
             return
-        self._rebuild_catalog()
         try:
+            self._rebuild_catalog()
             while self._deferred:
                 self.predictor.observe(self._deferred.popleft())
         except Exception:

@@ -166,7 +166,7 @@ class BlockStore:
                 self._queued.pop(bk, None)
             let_go = bk in self._let_go
             self._let_go.discard(bk)
-            if let_go and not stored and self.mem.get(bk) is None:
+            if let_go and not stored and not self.disk.settled(bk) and self.mem.get(bk) is None:
                 # ``consumed`` let it go counting on this write: memory keeps it (not a
                 # block the LRU evicted: that one goes, as it would without a disk)
                 self.mem.put(bk, data)
@@ -191,7 +191,7 @@ class BlockStore:
         if self.disk is None:                # memory was the only tier, by design
             return 0, 0, True
         for bk, data in self.mem.items():
-            if bk not in todo and not self.disk.contains(bk):
+            if bk not in todo and not self.disk.settled(bk):
                 todo[bk] = data
         return await writeback.write_blocks(self.disk, list(todo.items()), budget_s,
                                             self._disk_threads, self.written_back)
@@ -317,7 +317,7 @@ class BlockStore:
 
     def consumed(self, obj: Pinned, index: int) -> None:
         """A sequential reader left this block behind (ahead/readahead.py ``behind``):
-        the kernel's page cache holds its bytes and the disk tier has them or will, so
+        the page cache holds its bytes and the disk tier has them, will or declined, so
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
         to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
         read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
@@ -329,7 +329,7 @@ class BlockStore:
         if self.disk is None:
             return
         if bk not in self._queued:
-            if self.disk.contains(bk):
+            if self.disk.settled(bk):
                 self.mem.drop(bk)
                 return
             # (the checks leave the LRU order alone; a disk outage: it stays)
@@ -362,8 +362,8 @@ class BlockStore:
             self._for_disk(bk) or self._queue_late(bk, lambda: data)))
 
     def _for_disk(self, bk: BlockKey) -> bool:
-        """The disk tier holds ``bk``, or its write is queued."""
-        return bk in self._queued or self.disk.contains(bk)
+        """The disk tier holds ``bk`` or declined it (``settled``), or its write is queued."""
+        return bk in self._queued or self.disk.settled(bk)
 
     def speculative_inflight_bytes(self) -> int:
         return self.spec.inflight
@@ -478,7 +478,7 @@ class BlockStore:
             else:
                 st.prefetch_bytes_used += len(data)
         self.mem.put(bk, data)
-        if (self.disk is not None and not flight.stored and bk not in self._queued
+        if (self.disk is not None and not flight.stored and not self._for_disk(bk)
                 and not self._queue_write(bk, data)):      # (queued: those bytes are)
             self.stats.disk_writes_skipped += 1
         return data

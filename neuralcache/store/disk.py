@@ -58,6 +58,12 @@ EVICT_SCAN = 64
 # but stops writing for this long before trying again, so a full disk costs one
 # warning and one failed write per interval instead of one per block.
 WRITE_RETRY_S = 5.0
+# Names of blocks the tier declined (``put``) it remembers, so that the memory tier's
+# eviction and a sequential reader leaving a block behind do not queue the same write
+# again (``settled``): a block is retried within the memory tier's lifetime (1 GiB of
+# 100 KB blocks is ~10k; memory's LRU evicts the oldest first), and a forgotten name
+# costs one more declined put.  ~100 bytes each: 400 KB.  (A guess, not measured.)
+DECLINED_KEPT = 4096
 
 
 class DiskTier:
@@ -87,7 +93,8 @@ class DiskTier:
         self.spent: Callable[[str], bool] | None = None
         self.corrupt_blocks = 0
         self.write_errors = 0
-        self.declined = 0        # puts of spent blocks that would evict unspent ones (_put)
+        self.declined = 0        # puts declined (``put``), and the names of the latest
+        self._declined: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._retry_at = 0.0
         self.direct = True       # O_DIRECT writes until the filesystem refuses them
         self.read_buffers = None  # a buffers.Recycler block files are read into (daemon)
@@ -152,6 +159,13 @@ class DiskTier:
     def contains(self, bk: BlockKey) -> bool:
         with self._lock:
             return bk.name() in self._index
+
+    def settled(self, bk: BlockKey) -> bool:
+        """The tier holds ``bk``, or lately declined to (``put``; the last
+        DECLINED_KEPT names): nobody should queue a write of it again."""
+        name = bk.name()
+        with self._lock:
+            return name in self._index or name in self._declined
 
     def get(self, bk: BlockKey) -> bytes | None:
         t0 = cpuacct.clock()
@@ -237,19 +251,19 @@ class DiskTier:
 
     # -- writes ---------------------------------------------------------------------
     def put(self, bk: BlockKey, data: bytes, unread: bool = False) -> bool:
-        """Store a block; False (and a log line) if it could not be stored.
+        """Store a block; False if it was not stored (a failure logs a line).
         ``unread``: fetched ahead and not read yet (read-ahead, prefetch): it goes to
         the back of the eviction order even if its file is ``spent`` (consumed this
         epoch: a prefetch of the next epoch's files before the epoch's boundary went
         to the front and was evicted unread, to be fetched again, bench.tools.epochs).
         A block whose file is ``spent`` (read this epoch: next wanted an epoch from
         now) takes only a spent block's room; where only blocks still to be read this
-        epoch are left to evict, it is not stored (False; ``declined``): each of those
-        is wanted sooner (Belady's rule).  Stored, it went to the front and the next
-        put evicted it, so the bytes fetched do not move (`python -m
-        bench.tools.epochs`, two pairs, new old old new and old new new old: epochs 2-4
-        fetched 160-177 MiB either way); 200-700 writes of 100 KB per later epoch are
-        not made."""
+        epoch are left to evict, it is not stored (``declined``, and ``settled`` says
+        so): each of those is wanted sooner (Belady's rule).  Stored, it went to the
+        front and the next put evicted it, so the bytes fetched do not move (`python
+        -m bench.tools.epochs`, two pairs, new old old new and old new new old:
+        epochs 2-4 fetched 160-177 MiB either way); 200-700 writes of 100 KB per
+        later epoch are not made."""
         t0 = cpuacct.clock()
         try:
             return self._put(bk, data, unread)
@@ -289,6 +303,9 @@ class DiskTier:
             actions, room = self._take_victims(self.limit - n, spent_only=front)
             if not room:
                 self.declined += 1
+                self._declined[name] = None
+                if len(self._declined) > DECLINED_KEPT:
+                    self._declined.popitem(last=False)
             else:
                 self.used += n
                 if packed and self.pack:
@@ -327,6 +344,7 @@ class DiskTier:
             else:
                 # its bytes were reserved above
                 self._index[name] = n if seg is None else sg.loc(seg.sid, page, n)
+                self._declined.pop(name, None)
                 if front:
                     self._index.move_to_end(name, last=False)
                 if seg is not None:
@@ -508,7 +526,9 @@ class DiskTier:
         """Drop index entries until ``used <= target``; the caller holds the lock and
         passes the returned actions to ``_release`` after releasing it.  With
         ``spent_only``, stop at the first victim whose object is not ``spent`` (nor
-        unknown this run): (actions, whether ``used <= target`` was reached)."""
+        unknown this run): (actions, False).  Spent blocks taken before it stay
+        evicted: they were the next victims anyway, and their room serves the next
+        put.  Else (actions, True)."""
         actions = []
         while self.used > target:
             name = self._pick_victim()

@@ -99,7 +99,12 @@ def test_several_runs_give_medians_ranges_and_how_many_met(tmp_path):
         (d / "results.json").write_text(json.dumps(run(nc, best)))
         paths.append(str(d))
     bd = tmp_path / "bd.json"
-    bd.write_text(json.dumps({"rows": {"bigfile cold": {"fuse_read_sizes": {"<=1M": 9}}}}))
+    bd.write_text(json.dumps({"rows": {"bigfile cold": {"fuse_read_sizes": {"<=1M": 9}},
+                                       "bigfile disk": {"seconds": 1.0, "bytes": GIB,
+                                                        "cpu": {"total": 0.4}}}}))
+    r0 = run(440.0, 400.0)
+    r0["rows"].append(row("bigfile", "cold", "local", 1000.0))
+    (tmp_path / "run0" / "results.json").write_text(json.dumps(r0))
     paths[0] += "," + str(bd)         # a breakdown joined to the first run only
     import contextlib
     import io
@@ -110,8 +115,13 @@ def test_several_runs_give_medians_ranges_and_how_many_met(tmp_path):
     # ratios 1.10, 1.30, 1.00: median 1.10, met (>= 1.1) in 2 of 3
     assert "| cold bigfile | >= 1.1 x the best mount or library | 1.10 (1.00-1.30) | " \
         "2 of 3 | yes |" in text
+    # measured in one run of three: no verdict; a row only the first run has
     assert "| READ size, sequential cold read (bench.breakdown) | 1 MiB | <=1M | 1 of 1 " \
-        "| yes |" in text
+        "| - |" in text
+    assert "| 1 GiB from the disk cache (bench.breakdown) | >= 0.8 x local cold, <= 0.5 " \
+        "CPU-s per GiB | 1.07 (1.07-1.07) / 0.40 (0.40-0.40) | 1 of 1 | - |" in text
+    assert "| 1 GiB from the disk cache (bench.breakdown) | 1.07 x local, 0.40 CPU-s per " \
+        "GiB | - | - |" in text
     assert "| warm samples | >= 0.8 x local | - | 0 of 0 | - |" in text
     assert "| cold bigfile | 1.10 x s3fs (neuralcache) | 1.30 x s3fs (neuralcache) | " \
         "1.00 x s3fs (neuralcache) |" in text
@@ -121,6 +131,10 @@ def test_several_runs_give_medians_ranges_and_how_many_met(tmp_path):
     with contextlib.redirect_stdout(out):
         main(["--runs", *paths])
     assert "| 1.05 (1.00-1.10) | 1 of 3 | no |" in out.getvalue()
+    # --breakdown does not mix with --runs (each run joins its own)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["--runs", *paths, "--breakdown", str(bd)]) == 2
     # a directory with nothing in it is a one-line error, not a traceback
     (tmp_path / "empty").mkdir()
     err = io.StringIO()
