@@ -301,6 +301,9 @@ def test_a_spent_block_takes_only_a_spent_blocks_room(tmp_path):
     assert d.put(BlockKey("new", "v", 0), bytes(1000)) is False
     assert d.declined == 1 and d.used == 3000 and d.write_errors == 0
     assert d.settled(BlockKey("new", "v", 0)) and not d.contains(BlockKey("new", "v", 0))
+    spent.discard("new")        # a later epoch, its file not read yet: a write is wanted
+    assert not d.settled(BlockKey("new", "v", 0))
+    spent.add("new")
     assert all(d.contains(BlockKey(k, "v", 0)) for k in ("a", "b", "c"))
     assert d.writable                       # a declined put is not a failed write
     # fetched ahead (unread) or not spent: stored as before, evicting the LRU head

@@ -297,17 +297,17 @@ class Prefetcher:
     def reading(self) -> None:
         """A READ reached the daemon: the opens deferred as warm may not have been (a
         file's pages dropped since its last open: between epochs, or under memory
-        pressure), so the predictor gets them now, before the read takes its block.  The disk tier asks the epoch tracker whether the file was
-        read this epoch (predictors/epoch.py ``spent``) when the read takes the block
-        from memory (``DiskTier.taken``) or its load stores it; told after, the answer
-        was "not yet", the block stayed at the back of the eviction order (or went
-        there), and evictions took blocks still to be read.  `python -m
-        bench.tools.epochs` (3,000 x 100 KB,
-        a 150 MiB disk cache), this against its parent, new old old new: epochs 2-4
-        fetched 143.2-145.2 MiB (the ideal order, dataset less cache: 143) against
-        148.4-178.7, at 405-423 files/s against 365-390, for 5.5-5.8 CPU-s per epoch
-        against 5.1-5.5 (more of it read from the disk cache: 2,217-2,234 disk hits
-        against 2,068-2,160).  The first read of such a file gave them to the
+        pressure), so the predictor gets them now, before the read takes its block.
+        The disk tier asks the epoch tracker whether the file was read this epoch
+        (predictors/epoch.py ``spent``) when the read takes the block from memory
+        (``DiskTier.taken``) or its load stores it; told after, the answer was "not
+        yet", the block stayed at the back of the eviction order (or went there), and
+        evictions took blocks still to be read.  `python -m bench.tools.epochs` (3,000
+        x 100 KB, a 150 MiB disk cache), this against its parent, new old old new:
+        epochs 2-4 fetched 143.2-145.2 MiB (the ideal order, dataset less cache: 143)
+        against 148.4-178.7, at 405-423 files/s against 365-390, for 5.5-5.8 CPU-s per
+        epoch against 5.1-5.5 (more of it read from the disk cache: 2,217-2,234 disk
+        hits against 2,068-2,160).  The first read of such a file gave them to the
         predictor anyway, after the load (``on_read``)."""
         self._flush_deferred()
 

@@ -161,11 +161,16 @@ class DiskTier:
             return bk.name() in self._index
 
     def settled(self, bk: BlockKey) -> bool:
-        """The tier holds ``bk``, or lately declined to (``put``; the last
-        DECLINED_KEPT names): nobody should queue a write of it again."""
+        """The tier holds ``bk``, or declined it (``put``; the last DECLINED_KEPT
+        names) and its file is still ``spent``: nobody should queue a write of it
+        again.  In a later epoch a declined block may be stored (its file read again,
+        not spent until then)."""
         name = bk.name()
         with self._lock:
-            return name in self._index or name in self._declined
+            if name in self._index:
+                return True
+            declined = name in self._declined
+        return declined and self.spent is not None and self.spent(bk.key)
 
     def get(self, bk: BlockKey) -> bytes | None:
         t0 = cpuacct.clock()
