@@ -58,11 +58,8 @@ EVICT_SCAN = 64
 # but stops writing for this long before trying again, so a full disk costs one
 # warning and one failed write per interval instead of one per block.
 WRITE_RETRY_S = 5.0
-# Names of blocks the tier declined (``put``) it remembers, so that the memory tier's
-# eviction and a sequential reader leaving a block behind do not queue the same write
-# again (``settled``): a block is retried within the memory tier's lifetime (1 GiB of
-# 100 KB blocks is ~10k; memory's LRU evicts the oldest first), and a forgotten name
-# costs one more declined put.  ~100 bytes each: 400 KB.  (A guess, not measured.)
+# Names of declined blocks kept so that no path queues their write again (``settled``);
+# one forgotten costs a declined put.  ~100 bytes each (a guess, not measured).
 DECLINED_KEPT = 4096
 
 
@@ -161,10 +158,8 @@ class DiskTier:
             return bk.name() in self._index
 
     def settled(self, bk: BlockKey) -> bool:
-        """The tier holds ``bk``, or declined it (``put``; the last DECLINED_KEPT
-        names) and its file is still ``spent``: nobody should queue a write of it
-        again.  In a later epoch a declined block may be stored (its file read again,
-        not spent until then)."""
+        """The tier holds ``bk``, or declined it (``put``) and its file is still
+        ``spent`` (a later epoch may store it): no write of it should be queued."""
         name = bk.name()
         with self._lock:
             if name in self._index:
@@ -261,14 +256,10 @@ class DiskTier:
         the back of the eviction order even if its file is ``spent`` (consumed this
         epoch: a prefetch of the next epoch's files before the epoch's boundary went
         to the front and was evicted unread, to be fetched again, bench.tools.epochs).
-        A block whose file is ``spent`` (read this epoch: next wanted an epoch from
-        now) takes only a spent block's room; where only blocks still to be read this
-        epoch are left to evict, it is not stored (``declined``, and ``settled`` says
-        so): each of those is wanted sooner (Belady's rule).  Stored, it went to the
-        front and the next put evicted it, so the bytes fetched do not move (`python
-        -m bench.tools.epochs`, two pairs, new old old new and old new new old:
-        epochs 2-4 fetched 160-177 MiB either way); 200-700 writes of 100 KB per
-        later epoch are not made."""
+        A ``spent`` block (read this epoch) takes only a spent block's room, else is
+        declined (``settled``): blocks still to be read are wanted sooner (Belady).
+        Bytes fetched do not move (bench.tools.epochs, two pairs: 160-177 MiB either
+        way; stored, the next put evicted it); 200-700 writes per epoch are saved."""
         t0 = cpuacct.clock()
         try:
             return self._put(bk, data, unread)
@@ -303,8 +294,7 @@ class DiskTier:
                 return True
             # Reserve the space under the lock: concurrent writers each evicting "to the
             # limit minus my block" and then adding overshot the limit (CI soak test).
-            # A spent block (``front``: read this epoch, next wanted an epoch from now)
-            # takes only spent blocks' room (``put``).
+            # a spent block (``front``) takes only spent blocks' room (``put``)
             actions, room = self._take_victims(self.limit - n, spent_only=front)
             if not room:
                 self.declined += 1
@@ -529,11 +519,9 @@ class DiskTier:
 
     def _take_victims(self, target: int, spent_only: bool = False) -> tuple[list, bool]:
         """Drop index entries until ``used <= target``; the caller holds the lock and
-        passes the returned actions to ``_release`` after releasing it.  With
-        ``spent_only``, stop at the first victim whose object is not ``spent`` (nor
-        unknown this run): (actions, False).  Spent blocks taken before it stay
-        evicted: they were the next victims anyway, and their room serves the next
-        put.  Else (actions, True)."""
+        passes the returned actions to ``_release`` after releasing it; (actions, True).
+        ``spent_only``: (actions, False) at the first victim known and not ``spent``
+        (those taken before it were the next victims anyway: their room stays free)."""
         actions = []
         while self.used > target:
             name = self._pick_victim()
