@@ -51,3 +51,20 @@ def test_report_gives_the_disk_writes_skipped_and_queued_late():
            "disk_writes": {"disk_writes_skipped": 40, "disk_writes_late": 12}}
     assert "files: fetched over the link 5 MiB; disk writes skipped 40, queued late 12; " \
         "the umount after it 2.5 s" in report({"files": row})
+
+
+def test_bigpair_names_this_process_the_reader_and_pools_by_role():
+    from bench.tools.bigpair import cpu_by_role, proc_cpu
+
+    a = proc_cpu(os.getpid())
+    assert a[os.getpid()][0] == "reader"
+    x = 0
+    for i in range(2_000_000):      # some CPU of our own between the snapshots
+        x += i
+    b = proc_cpu(os.getpid())
+    roles = cpu_by_role(a, b)
+    assert roles.get("reader", 0) > 0
+    # two processes of one role add up; a process that was not there before counts whole
+    fake_a = {1: ("weed", 1.0), 2: ("weed", 2.0)}
+    fake_b = {1: ("weed", 1.5), 2: ("weed", 2.25), 3: ("kworker", 0.5)}
+    assert cpu_by_role(fake_a, fake_b) == {"weed": 0.75, "kworker": 0.5}

@@ -1,0 +1,251 @@
+"""One large object read cold, side by side: NeuralCache mounts (one or more sets of
+mount options) against s3torchconnector, alternating in one run, with the CPU of every
+process on the machine over each read (the store, the WAN emulator, the daemon, the
+reader, kernel threads).
+
+    python -m bench.tools.bigpair [--size 1G] [--rounds 2] [--variant NAME=ARGS ...]
+                                  [--no-s3t] [--s3t-fresh]
+
+Why beside ``bench run --scenario bigfile``: there every system runs once per run, so
+a ratio is one pair of numbers on a shared 2-core VM whose speed drifts by the minute;
+here each system reads the object ``2 x rounds`` times in the order A B B A, and the
+per-process CPU shows what the machine spent its two cores on (a cold read over the
+emulated link is CPU-bound: SeaweedFS alone takes ~1.1-1.8 CPU-s per GiB it serves).
+
+Before each read, as ``bench run`` does (``Ctx.fresh_start``): dirty pages written
+back, the page cache dropped, SeaweedFS's files read back in (a hot store).  Each
+NeuralCache read is a fresh mount with an empty cache.  s3torchconnector reads through
+``S3IterableDataset`` in 1 MiB reads, as bench/systems/peers.py does, in this process
+after one untimed read: its CRT client is slow and CPU-heavy on the first object a
+process reads (``--s3t-fresh`` measures that case instead: each read in a new process,
+like a job that loads its weights once at start).  Every read is checked by xxh3.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import xxhash
+
+from neuralcache.admin.sizes import parse_size
+
+from bench.servers.seaweed import SeaweedServer
+from bench.systems.ncmount import mounted, stats
+from bench.systems.pagecache import drop_page_cache, read_into_cache
+from bench.wan import WanProxyProcess
+
+BUCKET, KEY = "bench", "big"
+CHUNK = 1 << 20
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(me: int) -> dict[int, tuple[str, float]]:
+    """pid -> (role, CPU seconds so far) of every process; Python processes are named
+    by what they run (the daemon, the emulator, this reader, an s3torchconnector
+    reader), kernel worker threads are pooled as ``kworker``."""
+    out = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                s = f.read()
+            name = s[s.index("(") + 1:s.rindex(")")]
+            fields = s[s.rindex(")") + 2:].split()
+            if name.startswith(("python", "neuralcache")):
+                with open(f"/proc/{p}/cmdline") as f:
+                    cl = f.read().split("\0")
+                name = ("reader" if int(p) == me else "daemon" if "neuralcache" in cl
+                        else "wan" if "bench.wan" in cl
+                        else "s3t reader" if "--s3t-child" in cl else "python")
+            elif name.startswith("kworker"):
+                name = "kworker"
+            out[int(p)] = (name, (int(fields[11]) + int(fields[12])) / HZ)
+        except (OSError, ValueError, IndexError):
+            pass          # a process that exited meanwhile
+    return out
+
+
+def cpu_by_role(a: dict, b: dict) -> dict[str, float]:
+    """CPU seconds per role between two ``proc_cpu`` snapshots (processes that exited
+    meanwhile are not counted)."""
+    c: collections.Counter = collections.Counter()
+    for pid, (name, t) in b.items():
+        c[name] += t - a.get(pid, (name, 0.0))[1]
+    return {k: round(v, 2) for k, v in c.most_common() if v >= 0.01}
+
+
+def machine_busy() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / HZ, sum(v) / HZ
+
+
+def read_mount(path: Path) -> tuple[int, str]:
+    h, n = xxhash.xxh3_64(), 0
+    with open(path, "rb", buffering=0) as f:
+        while b := f.read(CHUNK):
+            h.update(b)
+            n += len(b)
+    return n, h.hexdigest()
+
+
+def read_s3t(endpoint: str) -> tuple[int, str]:
+    from s3torchconnector import S3ClientConfig, S3IterableDataset
+    ds = S3IterableDataset.from_objects([f"s3://{BUCKET}/{KEY}"], region="us-east-1",
+                                        endpoint=endpoint,
+                                        s3client_config=S3ClientConfig(force_path_style=True))
+    h, n = xxhash.xxh3_64(), 0
+    for reader in ds:
+        while b := reader.read(CHUNK):
+            h.update(b)
+            n += len(b)
+    return n, h.hexdigest()
+
+
+def s3t_child(endpoint: str) -> tuple[int, str, float]:
+    """One s3torchconnector read in a new process (its first object): bytes, xxh3 and
+    the CPU seconds the read took in that process.  Its start-up (imports) is not
+    timed: it waits for a line on stdin."""
+    p = subprocess.Popen([sys.executable, "-m", "bench.tools.bigpair", "--s3t-child",
+                          endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert p.stdout.readline().strip() == "ready"
+    out, _ = p.communicate("go\n", timeout=600)
+    n, digest, cpu = out.split()
+    return int(n), digest, float(cpu)
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1G", help="object size (default 1G)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="rounds of A B B A per pair of systems (default 2)")
+    ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip (60)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                    help="a NeuralCache mount with extra options, e.g. "
+                         "'ra64=--readahead-size 64M' (default: one, 'nc', as shipped)")
+    ap.add_argument("--no-s3t", action="store_true", help="NeuralCache variants only")
+    ap.add_argument("--s3t-fresh", action="store_true",
+                    help="each s3torchconnector read in a new process (its first object)")
+    ap.add_argument("--out", default=None, help="directory for bigpair.json")
+    ap.add_argument("--s3t-child", metavar="ENDPOINT", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.s3t_child:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        c0 = own_cpu()
+        n, digest = read_s3t(a.s3t_child)
+        print(n, digest, own_cpu() - c0)
+        return 0
+    size = parse_size(a.size)
+    variants = dict(v.split("=", 1) for v in a.variant) if a.variant else {"nc": ""}
+    systems = list(variants) + ([] if a.no_s3t else ["s3t"])
+    if len(systems) < 2:
+        raise SystemExit("bigpair: nothing to compare: give two --variant or drop --no-s3t")
+    work = Path(tempfile.mkdtemp(prefix="nc-bigpair-"))
+    results: dict[str, list[dict]] = {s: [] for s in systems}
+    try:
+        with SeaweedServer(work / "sw") as sw:
+            env = dict(os.environ, **sw.env())
+            os.environ.update(sw.env())
+            c = sw.client()
+            c.create_bucket(Bucket=BUCKET)
+            data = os.urandom(min(size, 64 << 20))
+            data = (data * -(-size // len(data)))[:size]
+            want = xxhash.xxh3_64_hexdigest(data)
+            c.put_object(Bucket=BUCKET, Key=KEY, Body=data)
+            del data
+            with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as px:
+                endpoint = px.endpoint
+                if "s3t" in systems and not a.s3t_fresh:
+                    read_s3t(endpoint)          # the CRT's first object, untimed
+                order = []
+                for x, y in zip(systems, systems[1:]):
+                    order += [x, y, y, x] * a.rounds
+                for k, who in enumerate(order):
+                    drop_page_cache(level=3)
+                    read_into_cache(work / "sw" / "data")
+                    ctx = None
+                    if who != "s3t":
+                        cache = work / f"cache{k}"
+                        ctx = mounted(f"s3://{BUCKET}", work / "mnt", "--endpoint-url",
+                                      endpoint, "--region", "us-east-1", "--cache-dir",
+                                      cache, "--cache-size", str(2 * size),
+                                      *variants[who].split(), env=env)
+                        mnt = ctx.__enter__()
+                    try:
+                        c0, m0, t0 = proc_cpu(os.getpid()), machine_busy(), time.monotonic()
+                        child_cpu = None
+                        if who != "s3t":
+                            n, got = read_mount(mnt / KEY)
+                        elif a.s3t_fresh:
+                            n, got, child_cpu = s3t_child(endpoint)
+                        else:
+                            n, got = read_s3t(endpoint)
+                        dt = time.monotonic() - t0
+                        c1, m1 = proc_cpu(os.getpid()), machine_busy()
+                        made = stats(mnt).get("buffers_made") if ctx else None
+                    finally:
+                        if ctx is not None:
+                            ctx.__exit__(None, None, None)
+                            shutil.rmtree(cache, ignore_errors=True)
+                    if n != size or got != want:
+                        raise SystemExit(f"bigpair: {who} read {n} bytes, xxh3 {got}: "
+                                         f"expected {size}, {want}")
+                    row = {"mbps": n / dt / 1e6, "seconds": dt,
+                           "machine_busy_s": round(m1[0] - m0[0], 2),
+                           "machine_all_s": round(m1[1] - m0[1], 2),
+                           "cpu": cpu_by_role(c0, c1)}
+                    if child_cpu is not None:      # it exited: not in the snapshots
+                        row["cpu"] = dict(sorted({**row["cpu"], "s3t reader": round(
+                            child_cpu, 2)}.items(), key=lambda kv: -kv[1]))
+                    if made is not None:        # fresh 8 MiB read buffers (page faults)
+                        row["buffers_made"] = made
+                    results[who].append(row)
+                    top = ", ".join(f"{r}={v:.2f}" for r, v in list(row["cpu"].items())[:7])
+                    print(f"{who:>10} {row['mbps']:6.0f} MB/s  busy {row['machine_busy_s']:.2f}"
+                          f" of {row['machine_all_s']:.2f} core-s | {top}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print()
+    print(f"{size / 2**30:.2f} GiB object, {a.rtt_ms:g} ms, order A B B A x {a.rounds}"
+          f"{', s3torchconnector in a new process per read' if a.s3t_fresh else ''}")
+    med = {s: statistics.median(r["mbps"] for r in rows) for s, rows in results.items()}
+    base = systems[-1]
+    for s, rows in results.items():
+        cpu = collections.defaultdict(list)
+        for r in rows:
+            for role, v in r["cpu"].items():
+                cpu[role].append(v / (size / 2**30))
+        parts = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(
+            cpu.items(), key=lambda kv: -statistics.median(kv[1]))[:6])
+        print(f"{s:>10}  median {med[s]:5.0f} MB/s ({min(r['mbps'] for r in rows):.0f}-"
+              f"{max(r['mbps'] for r in rows):.0f}), {med[s] / med[base]:.2f}x {base}; "
+              f"CPU-s per GiB: {parts}")
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "bigpair.json").write_text(json.dumps(
+            {"size": size, "rtt_ms": a.rtt_ms, "rounds": a.rounds, "variants": variants,
+             "s3t_fresh": a.s3t_fresh, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
