@@ -85,11 +85,37 @@ def cpu_by_role(a: dict, b: dict) -> dict[str, float]:
     return {k: round(v, 2) for k, v in c.most_common() if v >= 0.01}
 
 
+def switches(pid: int) -> int:
+    """Context switches of all of ``pid``'s threads so far (a thread's wake-ups)."""
+    n = 0
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/status") as f:
+                n += sum(int(line.split()[1]) for line in f
+                         if line.startswith(("voluntary_ctxt", "nonvoluntary_ctxt")))
+        except OSError:
+            pass          # a thread that exited meanwhile
+    return n
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, all) CPU seconds of the whole machine so far (/proc/stat)."""
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:]]
     return (sum(v) - v[3] - v[4]) / HZ, sum(v) / HZ
+
+
+def split_variant(spec: str) -> tuple[list[str], dict[str, str]]:
+    """A --variant's ARGS: mount options, and NAME=VALUE words (upper case) that go
+    into the daemon's environment instead (e.g. NEURALCACHE_RECYCLE=0)."""
+    args, env = [], {}
+    for word in spec.split():
+        name, eq, value = word.partition("=")
+        if eq and name.isupper() and name.replace("_", "").isalnum():
+            env[name] = value
+        else:
+            args.append(word)
+    return args, env
 
 
 def read_mount(path: Path) -> tuple[int, str]:
@@ -139,8 +165,9 @@ def main(argv=None) -> int:
                     help="rounds of A B B A per pair of systems (default 2)")
     ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip (60)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
-                    help="a NeuralCache mount with extra options, e.g. "
-                         "'ra64=--readahead-size 64M' (default: one, 'nc', as shipped)")
+                    help="a NeuralCache mount with extra options and environment, e.g. "
+                         "'ra64=--readahead-size 64M' or 'fresh=NEURALCACHE_RECYCLE=0' "
+                         "(default: one, 'nc', as shipped)")
     ap.add_argument("--no-s3t", action="store_true", help="NeuralCache variants only")
     ap.add_argument("--s3t-fresh", action="store_true",
                     help="each s3torchconnector read in a new process (its first object)")
@@ -185,12 +212,15 @@ def main(argv=None) -> int:
                     ctx = None
                     if who != "s3t":
                         cache = work / f"cache{k}"
+                        args, extra_env = split_variant(variants[who])
                         ctx = mounted(f"s3://{BUCKET}", work / "mnt", "--endpoint-url",
                                       endpoint, "--region", "us-east-1", "--cache-dir",
-                                      cache, "--cache-size", str(2 * size),
-                                      *variants[who].split(), env=env)
+                                      cache, "--cache-size", str(2 * size), *args,
+                                      env={**env, **extra_env})
                         mnt = ctx.__enter__()
                     try:
+                        pid = stats(mnt)["pid"] if ctx else None
+                        s0 = switches(pid) if pid else 0
                         c0, m0, t0 = proc_cpu(os.getpid()), machine_busy(), time.monotonic()
                         child_cpu = None
                         if who != "s3t":
@@ -201,6 +231,7 @@ def main(argv=None) -> int:
                             n, got = read_s3t(endpoint)
                         dt = time.monotonic() - t0
                         c1, m1 = proc_cpu(os.getpid()), machine_busy()
+                        woke = switches(pid) - s0 if pid else None
                         made = stats(mnt).get("buffers_made") if ctx else None
                     finally:
                         if ctx is not None:
@@ -218,10 +249,13 @@ def main(argv=None) -> int:
                             child_cpu, 2)}.items(), key=lambda kv: -kv[1]))
                     if made is not None:        # fresh 8 MiB read buffers (page faults)
                         row["buffers_made"] = made
+                        row["daemon_switches"] = woke
                     results[who].append(row)
                     top = ", ".join(f"{r}={v:.2f}" for r, v in list(row["cpu"].items())[:7])
+                    extra = (f" | daemon: {made} buffers made, {woke} switches"
+                             if made is not None else "")
                     print(f"{who:>10} {row['mbps']:6.0f} MB/s  busy {row['machine_busy_s']:.2f}"
-                          f" of {row['machine_all_s']:.2f} core-s | {top}", flush=True)
+                          f" of {row['machine_all_s']:.2f} core-s | {top}{extra}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

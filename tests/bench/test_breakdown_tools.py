@@ -68,3 +68,12 @@ def test_bigpair_names_this_process_the_reader_and_pools_by_role():
     fake_a = {1: ("weed", 1.0), 2: ("weed", 2.0)}
     fake_b = {1: ("weed", 1.5), 2: ("weed", 2.25), 3: ("kworker", 0.5)}
     assert cpu_by_role(fake_a, fake_b) == {"weed": 0.75, "kworker": 0.5}
+
+
+def test_bigpair_variants_split_mount_options_from_the_daemons_environment():
+    from bench.tools.bigpair import split_variant
+
+    assert split_variant("--readahead-size 64M NEURALCACHE_RCVLOWAT=0") == (
+        ["--readahead-size", "64M"], {"NEURALCACHE_RCVLOWAT": "0"})
+    assert split_variant("--mount-opt=x") == (["--mount-opt=x"], {})
+    assert split_variant("") == ([], {})
