@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import concurrent.futures as cf
 import json
 import os
 import resource
@@ -171,6 +172,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-s3t", action="store_true", help="NeuralCache variants only")
     ap.add_argument("--s3t-fresh", action="store_true",
                     help="each s3torchconnector read in a new process (its first object)")
+    ap.add_argument("--other-objects", type=int, default=0, metavar="N",
+                    help="N more 4 KiB objects in the bucket under other/ (the full run's "
+                         "bucket holds the other scenarios' data sets: a mount lists them)")
     ap.add_argument("--out", default=None, help="directory for bigpair.json")
     ap.add_argument("--s3t-child", metavar="ENDPOINT", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -199,6 +203,12 @@ def main(argv=None) -> int:
             want = xxhash.xxh3_64_hexdigest(data)
             c.put_object(Bucket=BUCKET, Key=KEY, Body=data)
             del data
+            if a.other_objects:
+                small = os.urandom(4096)
+                with cf.ThreadPoolExecutor(16) as ex:
+                    list(ex.map(lambda i: c.put_object(
+                        Bucket=BUCKET, Key=f"other/{i // 1000:03d}/{i:06d}", Body=small),
+                        range(a.other_objects)))
             with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as px:
                 endpoint = px.endpoint
                 if "s3t" in systems and not a.s3t_fresh:
@@ -259,7 +269,8 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print(f"{size / 2**30:.2f} GiB object, {a.rtt_ms:g} ms, order A B B A x {a.rounds}"
+    print(f"{size / 2**30:.2f} GiB object, {a.other_objects} other objects, {a.rtt_ms:g} ms,"
+          f" order A B B A x {a.rounds}"
           f"{', s3torchconnector in a new process per read' if a.s3t_fresh else ''}")
     med = {s: statistics.median(r["mbps"] for r in rows) for s, rows in results.items()}
     base = systems[-1]
@@ -277,7 +288,8 @@ def main(argv=None) -> int:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bigpair.json").write_text(json.dumps(
             {"size": size, "rtt_ms": a.rtt_ms, "rounds": a.rounds, "variants": variants,
-             "s3t_fresh": a.s3t_fresh, "results": results}, indent=1))
+             "s3t_fresh": a.s3t_fresh, "other_objects": a.other_objects,
+             "results": results}, indent=1))
     return 0
 
 
