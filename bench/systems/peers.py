@@ -488,6 +488,9 @@ class ClientSystem(System):
     @contextlib.contextmanager
     def open(self, opts: MountOptions | None = None):
         self.check()
+        # The library's import (s3torchconnector's pulls in torch: seconds) is its
+        # start-up, as a mount's is: not in the first row that uses it.
+        importlib.import_module(PEERS[self.peer][0])
         t0 = time.monotonic()
         work = self.env.work_dir / self.name
         shutil.rmtree(work, ignore_errors=True)

@@ -8,23 +8,25 @@ reader, kernel threads).
 
 Why beside ``bench run --scenario bigfile``: there every system runs once per run, so
 a ratio is one pair of numbers on a shared 2-core VM whose speed drifts by the minute;
-here each system reads the object ``2 x rounds`` times in the order A B B A, and the
-per-process CPU shows what the machine spent its two cores on (a cold read over the
-emulated link is CPU-bound: SeaweedFS alone takes ~1.1-1.8 CPU-s per GiB it serves).
+here each system reads the object ``2 x rounds`` times, in the order A B .. Z Z .. B A
+per round (two systems: A B B A), and the per-process CPU shows what the machine spent
+its two cores on (a cold read over the emulated link is CPU-bound: SeaweedFS alone takes
+~1.1-1.8 CPU-s per GiB it serves).
 
 Before each read, as ``bench run`` does (``Ctx.fresh_start``): dirty pages written
 back, the page cache dropped, SeaweedFS's files read back in (a hot store).  Each
 NeuralCache read is a fresh mount with an empty cache.  s3torchconnector reads through
 ``S3IterableDataset`` in 1 MiB reads, as bench/systems/peers.py does, in this process
 after one untimed read: its CRT client is slow and CPU-heavy on the first object a
-process reads (``--s3t-fresh`` measures that case instead: each read in a new process,
-like a job that loads its weights once at start).  Every read is checked by xxh3.
+process reads (``--s3t-fresh`` measures that case instead: each read in a new process
+that has imported s3torchconnector already, like a job that loads its weights once at
+start; the process's start-up and imports are not timed).  Every read, the untimed one
+included, is checked by xxh3.
 """
 from __future__ import annotations
 
 import argparse
 import collections
-import concurrent.futures as cf
 import json
 import os
 import resource
@@ -69,8 +71,8 @@ def proc_cpu(me: int) -> dict[int, tuple[str, float]]:
                 name = ("reader" if int(p) == me else "daemon" if "neuralcache" in cl
                         else "wan" if "bench.wan" in cl
                         else "s3t reader" if "--s3t-child" in cl else "python")
-            elif name.startswith("kworker"):
-                name = "kworker"
+            elif name.startswith(("kworker", "ksoftirqd", "migration", "rcu_", "cpuhp")):
+                name = name.split("/")[0]        # per-CPU kernel threads pooled
             out[int(p)] = (name, (int(fields[11]) + int(fields[12])) / HZ)
         except (OSError, ValueError, IndexError):
             pass          # a process that exited meanwhile
@@ -141,17 +143,42 @@ def read_s3t(endpoint: str) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-def s3t_child(endpoint: str) -> tuple[int, str, float]:
-    """One s3torchconnector read in a new process (its first object): bytes, xxh3 and
-    the CPU seconds the read took in that process.  Its start-up (imports) is not
-    timed: it waits for a line on stdin."""
-    p = subprocess.Popen([sys.executable, "-m", "bench.tools.bigpair", "--s3t-child",
-                          endpoint], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                         text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
-    assert p.stdout.readline().strip() == "ready"
-    out, _ = p.communicate("go\n", timeout=600)
-    n, digest, cpu = out.split()
-    return int(n), digest, float(cpu)
+# The checkout holding bench/ (bench/tools/bigpair.py -> three levels up).
+HERE = str(Path(__file__).resolve().parents[2])
+
+
+class S3tChild:
+    """A new process that has imported s3torchconnector and waits; made before the
+    clock starts (interpreter start-up and imports are not the read).  ``read`` makes
+    its one read (its first object): bytes, xxh3 and the CPU seconds of the read in
+    that process."""
+
+    def __init__(self, endpoint: str):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([HERE] + ([env["PYTHONPATH"]]
+                                                      if env.get("PYTHONPATH") else []))
+        self.p = subprocess.Popen([sys.executable, "-m", "bench.tools.bigpair",
+                                   "--s3t-child", endpoint], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env)
+        if self.p.stdout.readline().strip() != "ready":
+            self.close()
+            raise SystemExit("bigpair: the s3torchconnector reader did not start")
+
+    def read(self) -> tuple[int, str, float]:
+        try:
+            out, _ = self.p.communicate("go\n", timeout=600)
+        finally:
+            self.close()
+        if self.p.returncode != 0 or len(out.split()) != 3:
+            raise SystemExit(f"bigpair: the s3torchconnector reader failed "
+                             f"(exit {self.p.returncode})")
+        n, digest, cpu = out.split()
+        return int(n), digest, float(cpu)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
 
 
 def own_cpu() -> float:
@@ -163,7 +190,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="1G", help="object size (default 1G)")
     ap.add_argument("--rounds", type=int, default=2,
-                    help="rounds of A B B A per pair of systems (default 2)")
+                    help="rounds of A B .. Z Z .. B A (default 2: each system reads 4 times)")
     ap.add_argument("--rtt-ms", type=float, default=60.0, help="emulated round trip (60)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
                     help="a NeuralCache mount with extra options and environment, e.g. "
@@ -172,13 +199,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-s3t", action="store_true", help="NeuralCache variants only")
     ap.add_argument("--s3t-fresh", action="store_true",
                     help="each s3torchconnector read in a new process (its first object)")
-    ap.add_argument("--other-objects", type=int, default=0, metavar="N",
-                    help="N more 4 KiB objects in the bucket under other/ (the full run's "
-                         "bucket holds the other scenarios' data sets: a mount lists them)")
     ap.add_argument("--out", default=None, help="directory for bigpair.json")
     ap.add_argument("--s3t-child", metavar="ENDPOINT", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.s3t_child:
+        import s3torchconnector  # noqa: F401  (its imports are start-up, not the read)
         print("ready", flush=True)
         sys.stdin.readline()
         c0 = own_cpu()
@@ -186,7 +211,13 @@ def main(argv=None) -> int:
         print(n, digest, own_cpu() - c0)
         return 0
     size = parse_size(a.size)
-    variants = dict(v.split("=", 1) for v in a.variant) if a.variant else {"nc": ""}
+    variants = {}
+    for v in a.variant or ["nc="]:
+        name, eq, spec = v.partition("=")
+        if not eq or not name or name == "s3t" or name in variants:
+            raise SystemExit(f"bigpair: --variant {v!r}: give NAME=ARGS, each NAME once "
+                             "and not 's3t' (e.g. 'ra64=--readahead-size 64M')")
+        variants[name] = spec
     systems = list(variants) + ([] if a.no_s3t else ["s3t"])
     if len(systems) < 2:
         raise SystemExit("bigpair: nothing to compare: give two --variant or drop --no-s3t")
@@ -203,23 +234,19 @@ def main(argv=None) -> int:
             want = xxhash.xxh3_64_hexdigest(data)
             c.put_object(Bucket=BUCKET, Key=KEY, Body=data)
             del data
-            if a.other_objects:
-                small = os.urandom(4096)
-                with cf.ThreadPoolExecutor(16) as ex:
-                    list(ex.map(lambda i: c.put_object(
-                        Bucket=BUCKET, Key=f"other/{i // 1000:03d}/{i:06d}", Body=small),
-                        range(a.other_objects)))
             with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=a.rtt_ms) as px:
                 endpoint = px.endpoint
-                if "s3t" in systems and not a.s3t_fresh:
-                    read_s3t(endpoint)          # the CRT's first object, untimed
-                order = []
-                for x, y in zip(systems, systems[1:]):
-                    order += [x, y, y, x] * a.rounds
+                if "s3t" in systems and not a.s3t_fresh:    # the CRT's first object,
+                    if read_s3t(endpoint) != (size, want):   # untimed
+                        raise SystemExit("bigpair: s3torchconnector's first read was wrong")
+                order = (systems + systems[::-1]) * a.rounds
                 for k, who in enumerate(order):
-                    drop_page_cache(level=3)
+                    if drop_page_cache(level=3) != "drop_caches":
+                        raise SystemExit("bigpair: cannot drop the page cache (run as root)")
                     read_into_cache(work / "sw" / "data")
-                    ctx = None
+                    ctx = child = None
+                    if who == "s3t" and a.s3t_fresh:
+                        child = S3tChild(endpoint)          # started before the clock
                     if who != "s3t":
                         cache = work / f"cache{k}"
                         args, extra_env = split_variant(variants[who])
@@ -235,8 +262,8 @@ def main(argv=None) -> int:
                         child_cpu = None
                         if who != "s3t":
                             n, got = read_mount(mnt / KEY)
-                        elif a.s3t_fresh:
-                            n, got, child_cpu = s3t_child(endpoint)
+                        elif child is not None:
+                            n, got, child_cpu = child.read()
                         else:
                             n, got = read_s3t(endpoint)
                         dt = time.monotonic() - t0
@@ -244,6 +271,8 @@ def main(argv=None) -> int:
                         woke = switches(pid) - s0 if pid else None
                         made = stats(mnt).get("buffers_made") if ctx else None
                     finally:
+                        if child is not None:
+                            child.close()
                         if ctx is not None:
                             ctx.__exit__(None, None, None)
                             shutil.rmtree(cache, ignore_errors=True)
@@ -269,27 +298,27 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print(f"{size / 2**30:.2f} GiB object, {a.other_objects} other objects, {a.rtt_ms:g} ms,"
-          f" order A B B A x {a.rounds}"
+    print(f"{size / 2**30:.2f} GiB object, {a.rtt_ms:g} ms,"
+          f" order {' '.join(systems + systems[::-1])} x {a.rounds}"
           f"{', s3torchconnector in a new process per read' if a.s3t_fresh else ''}")
     med = {s: statistics.median(r["mbps"] for r in rows) for s, rows in results.items()}
     base = systems[-1]
     for s, rows in results.items():
-        cpu = collections.defaultdict(list)
-        for r in rows:
-            for role, v in r["cpu"].items():
-                cpu[role].append(v / (size / 2**30))
-        parts = ", ".join(f"{k} {statistics.median(v):.2f}" for k, v in sorted(
-            cpu.items(), key=lambda kv: -statistics.median(kv[1]))[:6])
+        gib = size / 2**30
+        roles = {role for r in rows for role in r["cpu"]}
+        cpu = {role: statistics.median(r["cpu"].get(role, 0.0) / gib for r in rows)
+               for role in roles}                  # a read without the role counts 0
+        total = statistics.median(sum(r["cpu"].values()) / gib for r in rows)
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(
+            cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01)
         print(f"{s:>10}  median {med[s]:5.0f} MB/s ({min(r['mbps'] for r in rows):.0f}-"
               f"{max(r['mbps'] for r in rows):.0f}), {med[s] / med[base]:.2f}x {base}; "
-              f"CPU-s per GiB: {parts}")
+              f"CPU-s per GiB: {total:.2f} ({parts})")
     if a.out:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "bigpair.json").write_text(json.dumps(
             {"size": size, "rtt_ms": a.rtt_ms, "rounds": a.rounds, "variants": variants,
-             "s3t_fresh": a.s3t_fresh, "other_objects": a.other_objects,
-             "results": results}, indent=1))
+             "s3t_fresh": a.s3t_fresh, "results": results}, indent=1))
     return 0
 
 

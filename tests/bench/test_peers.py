@@ -85,7 +85,13 @@ def test_client_system_opens_without_a_mountpoint(tmp_path, monkeypatch):
         pytest.skip("s3torchconnector not installed")
     env = _env(tmp_path)
     os.environ.pop("AWS_ACCESS_KEY_ID", None)
+    imported = []
+    real = peers.importlib.import_module
+    monkeypatch.setattr(peers.importlib, "import_module",
+                        lambda name: imported.append(name) or real(name))
     with make_system("s3torchconnector", env).open(MountOptions()) as m:
+        # imported before the first row's clock: its start-up is not a row's time
+        assert imported == ["s3torchconnector"]
         assert isinstance(m, Mounted) and m.kind == "client" and m.root is None
         assert os.environ["AWS_ACCESS_KEY_ID"] == "k"
         assert hasattr(m.client, "samples_epoch") and m.daemon_pids() == []
