@@ -65,11 +65,12 @@ def proc_cpu(me: int) -> dict[int, tuple[str, float]]:
                 s = f.read()
             name = s[s.index("(") + 1:s.rindex(")")]
             fields = s[s.rindex(")") + 2:].split()
-            if name.startswith(("python", "neuralcache")):
+            if int(p) == me:                     # whatever it is called (pytest)
+                name = "reader"
+            elif name.startswith(("python", "neuralcache")):
                 with open(f"/proc/{p}/cmdline") as f:
                     cl = f.read().split("\0")
-                name = ("reader" if int(p) == me else "daemon" if "neuralcache" in cl
-                        else "wan" if "bench.wan" in cl
+                name = ("daemon" if "neuralcache" in cl else "wan" if "bench.wan" in cl
                         else "s3t reader" if "--s3t-child" in cl else "python")
             elif name.startswith(("kworker", "ksoftirqd", "migration", "rcu_", "cpuhp")):
                 name = name.split("/")[0]        # per-CPU kernel threads pooled
