@@ -61,6 +61,12 @@ def machine_busy() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK   # user..steal, minus idle, iowait
 
 
+def machine_total() -> float:
+    """CPU seconds every core of the machine has counted so far, busy or idle (the
+    denominator of ``machine_busy``: user..steal)."""
+    return sum(_machine_ticks()[:8]) / _TICK
+
+
 def machine_steal() -> float:
     """CPU seconds the hypervisor has taken from this VM's cores so far (/proc/stat's
     steal column): time a row's processes wanted a core and the host gave it to another

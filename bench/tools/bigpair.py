@@ -43,6 +43,7 @@ import xxhash
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
+from bench.systems.cpu import machine_busy, machine_total
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache, read_into_cache
 from bench.wan import WanProxyProcess
@@ -100,13 +101,6 @@ def switches(pid: int) -> int:
         except OSError:
             pass          # a thread that exited meanwhile
     return n
-
-
-def machine_busy() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine so far (/proc/stat)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v) - v[3] - v[4]) / HZ, sum(v) / HZ
 
 
 def split_variant(spec: str) -> tuple[list[str], dict[str, str]]:
@@ -259,7 +253,8 @@ def main(argv=None) -> int:
                     try:
                         pid = stats(mnt)["pid"] if ctx else None
                         s0 = switches(pid) if pid else 0
-                        c0, m0, t0 = proc_cpu(os.getpid()), machine_busy(), time.monotonic()
+                        m0 = machine_busy(), machine_total()
+                        c0, t0 = proc_cpu(os.getpid()), time.monotonic()
                         child_cpu = None
                         if who != "s3t":
                             n, got = read_mount(mnt / KEY)
@@ -268,7 +263,8 @@ def main(argv=None) -> int:
                         else:
                             n, got = read_s3t(endpoint)
                         dt = time.monotonic() - t0
-                        c1, m1 = proc_cpu(os.getpid()), machine_busy()
+                        c1 = proc_cpu(os.getpid())
+                        m1 = machine_busy(), machine_total()
                         woke = switches(pid) - s0 if pid else None
                         made = stats(mnt).get("buffers_made") if ctx else None
                     finally:
