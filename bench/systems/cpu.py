@@ -25,12 +25,13 @@ import resource
 from pathlib import Path
 from typing import Callable, Iterable
 
-_TICK = os.sysconf("SC_CLK_TCK")
+# /proc counts CPU time in these clock ticks per second.
+TICK = os.sysconf("SC_CLK_TCK")
 
 
-def proc_table() -> dict[int, tuple[int, float]]:
-    """{pid: (ppid, CPU seconds incl. reaped children)} of every process on the machine."""
-    out = {}
+def processes():
+    """(pid, comm, the stat fields after "(comm)") of every process on the machine,
+    skipping one that exits while it is read."""
     for d in os.scandir("/proc"):
         if not d.name.isdigit():
             continue
@@ -39,10 +40,17 @@ def proc_table() -> dict[int, tuple[int, float]]:
                 raw = f.read()
         except OSError:
             continue
-        rest = raw[raw.rfind(b")") + 2:].split()
+        cut = raw.rfind(b")")
+        yield (int(d.name), raw[raw.find(b"(") + 1:cut].decode(errors="replace"),
+               raw[cut + 2:].split())
+
+
+def proc_table() -> dict[int, tuple[int, float]]:
+    """{pid: (ppid, CPU seconds incl. reaped children)} of every process on the machine."""
+    out = {}
+    for pid, _, rest in processes():
         try:   # fields after "(comm)": state ppid ... utime(11) stime cutime cstime
-            out[int(d.name)] = (int(rest[1]),
-                                sum(int(x) for x in rest[11:15]) / _TICK)
+            out[pid] = (int(rest[1]), sum(int(x) for x in rest[11:15]) / TICK)
         except (IndexError, ValueError):
             continue
     return out
@@ -58,13 +66,13 @@ def machine_busy() -> float:
     """CPU seconds every core of the machine has spent busy so far (/proc/stat: all
     but idle and iowait), whoever spent them."""
     fields = _machine_ticks()
-    return (sum(fields[:8]) - fields[3] - fields[4]) / _TICK   # user..steal, minus idle, iowait
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK   # user..steal, minus idle, iowait
 
 
 def machine_total() -> float:
     """CPU seconds every core of the machine has counted so far, busy or idle (the
     denominator of ``machine_busy``: user..steal)."""
-    return sum(_machine_ticks()[:8]) / _TICK
+    return sum(_machine_ticks()[:8]) / TICK
 
 
 def machine_steal() -> float:
@@ -72,7 +80,7 @@ def machine_steal() -> float:
     steal column): time a row's processes wanted a core and the host gave it to another
     guest.  A row with steal ran on a slower machine than its neighbours."""
     fields = _machine_ticks()
-    return fields[7] / _TICK if len(fields) > 7 else 0.0
+    return fields[7] / TICK if len(fields) > 7 else 0.0
 
 
 def _stat(path: str) -> list[str]:
@@ -85,7 +93,7 @@ def _stat(path: str) -> list[str]:
 def cpu_seconds(pid: int) -> float:
     """The process's own CPU seconds so far (utime + stime; not its reaped children)."""
     fields = _stat(f"/proc/{pid}/stat")
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 # Thread groups of the neuralcache daemon, named for a reader: its trio loop runs in
@@ -106,7 +114,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
         except OSError:
             continue
         name = THREAD_LABELS.get("main" if tid == str(pid) else name, name)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
     return out
 
 

@@ -43,6 +43,7 @@ import xxhash
 from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
+from bench.systems import cpu
 from bench.systems.cpu import machine_busy, machine_total
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache, read_into_cache
@@ -50,7 +51,6 @@ from bench.wan import WanProxyProcess
 
 BUCKET, KEY = "bench", "big"
 CHUNK = 1 << 20
-HZ = os.sysconf("SC_CLK_TCK")
 
 
 def proc_cpu(me: int) -> dict[int, tuple[str, float]]:
@@ -58,24 +58,18 @@ def proc_cpu(me: int) -> dict[int, tuple[str, float]]:
     by what they run (the daemon, the emulator, this reader, an s3torchconnector
     reader), kernel worker threads are pooled as ``kworker``."""
     out = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
+    for pid, name, fields in cpu.processes():
         try:
-            with open(f"/proc/{p}/stat") as f:
-                s = f.read()
-            name = s[s.index("(") + 1:s.rindex(")")]
-            fields = s[s.rindex(")") + 2:].split()
-            if int(p) == me:                     # whatever it is called (pytest)
+            if pid == me:                        # whatever it is called (pytest)
                 name = "reader"
             elif name.startswith(("python", "neuralcache")):
-                with open(f"/proc/{p}/cmdline") as f:
+                with open(f"/proc/{pid}/cmdline") as f:
                     cl = f.read().split("\0")
                 name = ("daemon" if "neuralcache" in cl else "wan" if "bench.wan" in cl
                         else "s3t reader" if "--s3t-child" in cl else "python")
             elif name.startswith(("kworker", "ksoftirqd", "migration", "rcu_", "cpuhp")):
                 name = name.split("/")[0]        # per-CPU kernel threads pooled
-            out[int(p)] = (name, (int(fields[11]) + int(fields[12])) / HZ)
+            out[pid] = (name, (int(fields[11]) + int(fields[12])) / cpu.TICK)
         except (OSError, ValueError, IndexError):
             pass          # a process that exited meanwhile
     return out
