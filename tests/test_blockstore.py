@@ -284,6 +284,63 @@ def test_speculative_reads_are_not_hedged(tmp_path):
     assert store.stats.hedged_requests == 0 and len(be.calls) == 1
 
 
+def test_a_stalled_read_ahead_is_hedged_once_a_reader_joins_it(tmp_path):
+    """Read-ahead's GET stalls with no reader; the reader that then needs the block
+    hedges it at once (it has run past the hedge delay) and gets the hedge's bytes;
+    the stalled GET's late answer changes nothing."""
+    data = payload(16, BS)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    be = StallFirstBackend(str(tmp_path / "src"), 0)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.2)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        store.prefetch(obj, 0, lim.READAHEAD)
+        await trio.sleep(0.5)                  # stalled, nobody waiting: no hedge yet
+        hedged_before = store.stats.hedged_requests
+        t0 = time.monotonic()
+        got = await store.read(obj, 0, BS)
+        return got, time.monotonic() - t0, hedged_before
+    got, elapsed, hedged_before = run_with_store(store, fn)
+    assert hedged_before == 0
+    assert got == data
+    assert elapsed < 1.5, elapsed
+    assert store.stats.hedged_requests == 1 and len(be.calls) == 2
+
+
+def test_a_reader_joining_a_read_ahead_waits_for_the_hedge_delay_before_hedging(tmp_path):
+    """A GET that is slow but not past the hedge delay when a reader joins it is hedged
+    only once the delay has run out, and a second reader does not hedge it again."""
+    data = payload(17, BS)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    be = StallFirstBackend(str(tmp_path / "src"), 0)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.6)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        store.prefetch(obj, 0, lim.READAHEAD)
+        await trio.sleep(0.05)
+        t0 = time.monotonic()
+        out = []
+
+        async def reader():
+            out.append(await store.read(obj, 0, BS))
+        async with trio.open_nursery() as n:
+            n.start_soon(reader)
+            n.start_soon(reader)
+        return out, time.monotonic() - t0
+    out, elapsed = run_with_store(store, fn)
+    assert out == [data, data]
+    assert 0.4 < elapsed < 2.0, elapsed        # the delay (0.6 s from the GET's start)
+    assert store.stats.hedged_requests == 1 and len(be.calls) == 2
+
+
 def test_a_block_a_stream_left_behind_leaves_memory_once_the_disk_tier_has_it(tmp_path):
     data = payload(12, 4 * BS)
     be, store, obj = make(tmp_path, data, delay=0)

@@ -22,6 +22,7 @@ import time
 import trio
 
 from .. import cpuacct
+from . import hedge
 from . import limiter as lim
 from . import writeback
 from .pinned import Pinned
@@ -57,12 +58,6 @@ DEFAULT_RESERVED_FOR_DEMAND = 8
 # A demand read gives up (EIO) after this long; the backend retries inside it (5
 # attempts, each bounded by the S3 read timeout of 5 s, plus ~3 s of backoff).
 DEMAND_DEADLINE_S = 30.0
-# Hedging of slow demand reads: a second request starts after HEDGE_FACTOR x the p90
-# of recent fetch latencies, within [HEDGE_MIN_S, HEDGE_MAX_S] (the classic "tail at
-# scale" hedge at ~p95 costs a few % more requests).  Before 20 samples, HEDGE_MAX_S.
-HEDGE_FACTOR = 3.0
-HEDGE_MIN_S = 0.5
-HEDGE_MAX_S = 4.0
 # Pending background disk writes, in bytes: a quarter of the memory tier (the queue
 # holds blocks beyond the memory bound), at least 8 blocks (one multi-block read plus
 # read-ahead), at most 64 MiB.  Past it a fetched block is served and its write skipped
@@ -94,7 +89,7 @@ STAGE_SLOT_WAIT_S = 2.0
 
 class _Flight:
     __slots__ = ("done", "data", "error", "ticket", "kind", "remote", "joined", "stored",
-                 "unjoined", "stage")
+                 "unjoined", "stage", "running")
 
     def __init__(self, kind: int, stage: bool = False):
         self.done = trio.Event()
@@ -107,6 +102,7 @@ class _Flight:
         self.stored = False   # True once the fetching thread wrote it to the disk tier
         self.unjoined = 0     # its bytes in Ledger.unjoined (no reader yet)
         self.stage = stage    # bound for the disk tier, not memory (no reader yet)
+        self.running: hedge.Running | None = None   # its GET, started with no reader
 
 
 class BlockStore:
@@ -114,7 +110,7 @@ class BlockStore:
                  block_size: int = DEFAULT_BLOCK_SIZE,
                  concurrency: int = DEFAULT_CONCURRENCY,
                  reserved: int = DEFAULT_RESERVED_FOR_DEMAND,
-                 hedge_max_s: float = HEDGE_MAX_S):
+                 hedge_max_s: float = hedge.HEDGE_MAX_S):
         self.backend, self.mem, self.disk, self.stats = backend, mem, disk, stats
         self.block_size = block_size
         self.hedge_max_s = hedge_max_s
@@ -305,7 +301,13 @@ class BlockStore:
         else:
             flight = self._start(bk, obj, lim.DEMAND)
         with trio.move_on_after(DEMAND_DEADLINE_S) as scope:
-            await flight.done.wait()
+            if flight.running is not None:      # a GET read-ahead started: hedged
+                off, length = self.block_range(obj, index)
+                await flight.running.join(
+                    flight.done, lambda: self._remote_read(obj, off, length),
+                    self.hedge_delay(), self._nursery, st, f"{obj.key} @{off}")
+            else:
+                await flight.done.wait()
         if scope.cancelled_caught:
             raise Unavailable(f"{obj.key}: no answer from the remote within "
                               f"{DEMAND_DEADLINE_S:.0f} s")
@@ -522,15 +524,11 @@ class BlockStore:
                      flight: _Flight) -> bytes:
         """One ranged read.  A speculative one of a block of at most
         INLINE_DISK_WRITE_MAX, or a staged one of any size, also writes it to the disk
-        tier in its thread (``flight.stored``).  A demand read that takes much longer
-        than usual is hedged: a second identical request starts and the first answer
-        wins (the loser's thread is abandoned; its result is dropped)."""
+        tier in its thread (``flight.stored``).  A read a reader waits on is hedged
+        when it takes much longer than usual (store/hedge.py): from the start for a
+        demand read, from when a reader joins for a speculative one."""
         def read():
-            t0 = cpuacct.clock()
-            try:
-                return self.backend.read(obj.key, off, length, obj.version)
-            finally:
-                cpuacct.charge("fetch", t0)
+            return self._remote_read(obj, off, length)
 
         if not flight.joined:
             inline = self.disk is not None and (length <= INLINE_DISK_WRITE_MAX or
@@ -558,41 +556,24 @@ class BlockStore:
                     finally:
                         self._inline_writes.release()
                 return data
-            return await trio.to_thread.run_sync(read_and_store,
-                                                 limiter=self._backend_threads,
-                                                 abandon_on_cancel=True)
-        send, recv = trio.open_memory_channel(2)
-
-        async def attempt():
+            flight.running = hedge.Running()
             try:
-                res = ("ok", await trio.to_thread.run_sync(read, abandon_on_cancel=True))
-            except BackendError as exc:
-                res = ("err", exc)
-            send.send_nowait(res)
+                return await flight.running.run(lambda: trio.to_thread.run_sync(
+                    read_and_store, limiter=self._backend_threads, abandon_on_cancel=True))
+            finally:
+                flight.running = None
+        return await hedge.demand(read, self.hedge_delay(), self.stats, f"{obj.key} @{off}")
 
-        async with trio.open_nursery() as n:
-            n.start_soon(attempt)
-            outcome = None
-            with trio.move_on_after(self.hedge_delay()):
-                outcome = await recv.receive()
-            if outcome is None:
-                self.stats.hedged_requests += 1
-                log.info("hedging a slow read of %s @%d", obj.key, off)
-                n.start_soon(attempt)
-                outcome = await recv.receive()
-                if outcome[0] == "err":   # one failed: the other may still succeed
-                    outcome2 = await recv.receive()
-                    if outcome2[0] == "ok":
-                        outcome = outcome2
-            n.cancel_scope.cancel()
-        if outcome[0] == "err":
-            raise outcome[1]
-        return outcome[1]
+    def _remote_read(self, obj: Pinned, off: int, length: int) -> bytes:
+        """The backend's read (blocking: a worker thread's), its CPU counted as fetch."""
+        t0 = cpuacct.clock()
+        try:
+            return self.backend.read(obj.key, off, length, obj.version)
+        finally:
+            cpuacct.charge("fetch", t0)
 
     def hedge_delay(self) -> float:
-        p90 = self.stats.latency_quantile(0.9, default=self.hedge_max_s)
-        return min(self.hedge_max_s, max(min(HEDGE_MIN_S, self.hedge_max_s),
-                                         HEDGE_FACTOR * p90))
+        return hedge.delay(self.stats, self.hedge_max_s)
 
     def latency_estimate(self) -> float:
         """Median backend latency of recent block fetches (seconds), for Little's law;
