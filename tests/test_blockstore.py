@@ -10,7 +10,7 @@ from neuralcache.backends.posix import PosixBackend
 from neuralcache.store.blocks import BlockStore, Pinned
 from neuralcache.store.writeback import WRITE_BACK_WRITERS
 from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
-from neuralcache.errors import NotFound
+from neuralcache.errors import NotFound, Unavailable
 from neuralcache.stats import Stats
 
 from conftest import payload
@@ -265,6 +265,68 @@ def test_stalled_demand_read_is_hedged(tmp_path):
     assert got == data
     assert elapsed < 2.0, elapsed
     assert store.stats.hedged_requests == 1 and len(be.calls) == 2
+
+
+class StallFirstTwoBackend(CountingBackend):
+    """The first two reads stall (the GET and its first hedge); later ones answer."""
+
+    def read(self, key, offset, length, version):
+        with self._lock:
+            stall = len(self.calls) < 2
+            self.calls.append((key, offset, length))
+        if stall:
+            time.sleep(3.0)
+        return PosixBackend.read(self, key, offset, length, version)
+
+
+@pytest.mark.parametrize("joined", [False, True], ids=["demand", "joined-read-ahead"])
+def test_a_hedge_that_stalls_too_is_hedged_again(tmp_path, joined):
+    data = payload(18, BS)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    be = StallFirstTwoBackend(str(tmp_path / "src"), 0)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.3)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        if joined:
+            store.prefetch(obj, 0, lim.READAHEAD)
+            await trio.sleep(0.05)
+        t0 = time.monotonic()
+        got = await store.read(obj, 0, BS)
+        return got, time.monotonic() - t0
+    got, elapsed = run_with_store(store, fn)
+    assert got == data
+    assert 0.5 < elapsed < 2.0, elapsed       # two hedge delays, not a stall's 3 s
+    assert store.stats.hedged_requests == 2 and len(be.calls) == 3
+
+
+class FailingBackend(CountingBackend):
+    def read(self, key, offset, length, version):
+        with self._lock:
+            self.calls.append((key, offset, length))
+        time.sleep(0.5)
+        raise Unavailable("no answer")
+
+
+def test_a_demand_read_fails_once_every_attempt_has_failed(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(payload(19, BS))
+    be = FailingBackend(str(tmp_path / "src"), 0)
+    info = be.stat("f.bin")
+    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=0.2)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        try:
+            await store.read(obj, 0, BS)
+        except Unavailable:
+            return "failed"
+    assert run_with_store(store, fn) == "failed"
+    assert len(be.calls) == 3 and store.stats.hedged_requests == 2
 
 
 def test_speculative_reads_are_not_hedged(tmp_path):
