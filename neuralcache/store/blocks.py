@@ -70,6 +70,9 @@ DISK_WRITE_QUEUE_MIN_BLOCKS = 8
 DISK_WRITE_QUEUE_ENTRIES = 1024
 # Disk-tier worker threads (reads and writes).
 DISK_THREADS = 8
+# Threads for hedged GETs (store/hedge.py), at most: two per demand reader a job
+# typically has (DEFAULT_RESERVED_FOR_DEMAND).  Past it a hedge waits for one.
+HEDGE_THREADS = 2 * DEFAULT_RESERVED_FOR_DEMAND
 # A speculative load of a block up to this size writes it to the disk tier in the
 # thread that fetched it, not through the background writers: one thread hand-off
 # per cold small file instead of two (~65 us of CPU each here, measured with a bare
@@ -119,6 +122,7 @@ class BlockStore:
                                            reserved_bytes=MAX_INFLIGHT_BYTES // 8)
         self._backend_threads = trio.CapacityLimiter(concurrency)
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
+        self._hedge_threads = trio.CapacityLimiter(HEDGE_THREADS)
         self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
         self._flights: dict[BlockKey, _Flight] = {}
         self.spec = Ledger(stats, disk.taken if disk is not None else None)   # unread
@@ -305,7 +309,8 @@ class BlockStore:
                 off, length = self.block_range(obj, index)
                 await flight.running.join(
                     flight.done, lambda: self._remote_read(obj, off, length),
-                    self.hedge_delay(), self._nursery, st, f"{obj.key} @{off}")
+                    self.hedge_delay(), self._nursery, st, f"{obj.key} @{off}",
+                    self._hedge_threads)
             else:
                 await flight.done.wait()
         if scope.cancelled_caught:
@@ -548,7 +553,8 @@ class BlockStore:
 
             def read_and_store():
                 data = read()
-                if inline and len(data) == length and slot():
+                if (inline and len(data) == length and not flight_running.ended
+                        and slot()):     # (ended: a hedge answered; not wanted)
                     try:
                         flight.stored = self.disk.put(bk, data, not flight.joined)
                     except Exception:  # a cache failure is never a reader's failure
@@ -556,13 +562,14 @@ class BlockStore:
                     finally:
                         self._inline_writes.release()
                 return data
-            flight.running = hedge.Running()
+            flight.running = flight_running = hedge.Running()
             try:
                 return await flight.running.run(lambda: trio.to_thread.run_sync(
                     read_and_store, limiter=self._backend_threads, abandon_on_cancel=True))
             finally:
                 flight.running = None
-        return await hedge.demand(read, self.hedge_delay(), self.stats, f"{obj.key} @{off}")
+        return await hedge.demand(read, self.hedge_delay(), self.stats, f"{obj.key} @{off}",
+                                  self._hedge_threads)
 
     def _remote_read(self, obj: Pinned, off: int, length: int) -> bytes:
         """The backend's read (blocking: a worker thread's), its CPU counted as fetch."""
