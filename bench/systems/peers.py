@@ -115,6 +115,14 @@ def import_streaming():
     return sb
 
 
+def import_peer(peer: str):
+    """The peer's library, imported the way its workload imports it (MosaicML's
+    without ``streaming/__init__``: see ``import_streaming``)."""
+    if peer == "mosaic":
+        return import_streaming()
+    return importlib.import_module(PEERS[peer][0])
+
+
 # -- conversion (run in a subprocess) -----------------------------------------------------
 def _lit_item(item):
     src, rel = item
@@ -490,7 +498,7 @@ class ClientSystem(System):
         self.check()
         # The library's import (s3torchconnector's pulls in torch: seconds) is its
         # start-up, as a mount's is: not in the first row that uses it.
-        importlib.import_module(PEERS[self.peer][0])
+        import_peer(self.peer)
         t0 = time.monotonic()
         work = self.env.work_dir / self.name
         shutil.rmtree(work, ignore_errors=True)
