@@ -236,26 +236,35 @@ def test_missing_object_error_reaches_reader_only(tmp_path):
 
 
 class StallFirstBackend(CountingBackend):
-    """The first read stalls (a hung connection); later ones answer at once."""
+    """The first ``stalls`` reads stall 3 s (a hung connection: the GET, then its
+    hedges); later ones answer at once."""
+    stalls = 1
 
     def read(self, key, offset, length, version):
         with self._lock:
-            first = not self.calls
+            stall = len(self.calls) < self.stalls
             self.calls.append((key, offset, length))
-        if first:
+        if stall:
             time.sleep(3.0)
         return PosixBackend.read(self, key, offset, length, version)
 
 
-def test_stalled_demand_read_is_hedged(tmp_path):
-    data = payload(14, BS)
+def hedging_store(tmp_path, seed, backend=StallFirstBackend, hedge_max_s=0.5, delay=0,
+                  disk=None):
+    """(data, backend, store, obj): one block-sized file behind ``backend``, a store
+    whose hedge delay is ``hedge_max_s`` (it has no latency samples yet)."""
+    data = payload(seed, BS)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = StallFirstBackend(str(tmp_path / "src"), 0)
+    be = backend(str(tmp_path / "src"), delay)
     info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.5)
-    obj = Pinned(info.key, info.version, info.size)
+    store = BlockStore(be, MemoryTier(1 << 20), disk, Stats(), block_size=BS,
+                       concurrency=4, hedge_max_s=hedge_max_s)
+    return data, be, store, Pinned(info.key, info.version, info.size)
+
+
+def test_stalled_demand_read_is_hedged(tmp_path):
+    data, be, store, obj = hedging_store(tmp_path, 14)
 
     async def fn():
         t0 = time.monotonic()
@@ -267,28 +276,13 @@ def test_stalled_demand_read_is_hedged(tmp_path):
     assert store.stats.hedged_requests == 1 and len(be.calls) == 2
 
 
-class StallFirstTwoBackend(CountingBackend):
-    """The first two reads stall (the GET and its first hedge); later ones answer."""
-
-    def read(self, key, offset, length, version):
-        with self._lock:
-            stall = len(self.calls) < 2
-            self.calls.append((key, offset, length))
-        if stall:
-            time.sleep(3.0)
-        return PosixBackend.read(self, key, offset, length, version)
+class StallFirstTwoBackend(StallFirstBackend):
+    stalls = 2
 
 
 @pytest.mark.parametrize("joined", [False, True], ids=["demand", "joined-read-ahead"])
 def test_a_hedge_that_stalls_too_is_hedged_again(tmp_path, joined):
-    data = payload(18, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = StallFirstTwoBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.3)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 18, StallFirstTwoBackend, hedge_max_s=0.3)
 
     async def fn():
         t0 = time.monotonic()
@@ -312,13 +306,7 @@ class FailingBackend(CountingBackend):
 
 
 def test_a_demand_read_fails_once_every_attempt_has_failed(tmp_path):
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(payload(19, BS))
-    be = FailingBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.2)
-    obj = Pinned(info.key, info.version, info.size)
+    _, be, store, obj = hedging_store(tmp_path, 19, FailingBackend, hedge_max_s=0.2)
 
     async def fn():
         try:
@@ -346,14 +334,7 @@ class FirstFailsLateBackend(CountingBackend):
 def test_a_joined_read_ahead_whose_get_fails_takes_the_hedges_answer(tmp_path):
     """The read-ahead GET fails while the reader's hedge is still out: the reader gets
     the hedge's bytes, not the first GET's error."""
-    data = payload(20, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = FirstFailsLateBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.3)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 20, FirstFailsLateBackend, hedge_max_s=0.3)
 
     async def fn():
         store.prefetch(obj, 0, lim.READAHEAD)
@@ -366,19 +347,12 @@ def test_a_joined_read_ahead_whose_get_fails_takes_the_hedges_answer(tmp_path):
 def test_a_read_ahead_a_hedge_beat_writes_nothing_to_the_disk_tier(tmp_path):
     """The stalled first GET answers after the hedge did: its thread does not write the
     block to the disk tier again (the hedge's bytes went through the writers)."""
-    data = payload(21, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = StallFirstBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
     disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
     disk.load()
     puts = []
     real_put = disk.put
     disk.put = lambda bk, d, unread=False: puts.append(bk) or real_put(bk, d, unread)
-    store = BlockStore(be, MemoryTier(1 << 20), disk, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.5)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 21, disk=disk)
 
     async def fn():
         store.prefetch(obj, 0, lim.READAHEAD)
@@ -395,14 +369,8 @@ def test_a_read_ahead_a_hedge_beat_writes_nothing_to_the_disk_tier(tmp_path):
 
 
 def test_speculative_reads_are_not_hedged(tmp_path):
-    data = payload(15, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = CountingBackend(str(tmp_path / "src"), 0.5)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.1)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 15, CountingBackend, hedge_max_s=0.1,
+                                         delay=0.5)
 
     async def fn():
         store.prefetch(obj, 0, lim.PREFETCH)
@@ -415,14 +383,7 @@ def test_a_stalled_read_ahead_is_hedged_once_a_reader_joins_it(tmp_path):
     """Read-ahead's GET stalls with no reader; the reader that then needs the block
     hedges it at once (it has run past the hedge delay) and gets the hedge's bytes;
     the stalled GET's late answer changes nothing."""
-    data = payload(16, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = StallFirstBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.5)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 16)
 
     async def fn():
         store.prefetch(obj, 0, lim.READAHEAD)
@@ -441,14 +402,7 @@ def test_a_stalled_read_ahead_is_hedged_once_a_reader_joins_it(tmp_path):
 def test_a_reader_joining_a_read_ahead_waits_for_the_hedge_delay_before_hedging(tmp_path):
     """A GET that is slow but not past the hedge delay when a reader joins it is hedged
     only once the delay has run out, and a second reader does not hedge it again."""
-    data = payload(17, BS)
-    (tmp_path / "src").mkdir()
-    (tmp_path / "src" / "f.bin").write_bytes(data)
-    be = StallFirstBackend(str(tmp_path / "src"), 0)
-    info = be.stat("f.bin")
-    store = BlockStore(be, MemoryTier(1 << 20), None, Stats(), block_size=BS,
-                       concurrency=4, hedge_max_s=0.6)
-    obj = Pinned(info.key, info.version, info.size)
+    data, be, store, obj = hedging_store(tmp_path, 17, hedge_max_s=0.6)
 
     async def fn():
         t0 = time.monotonic()

@@ -44,7 +44,7 @@ from neuralcache.admin.sizes import parse_size
 
 from bench.servers.seaweed import SeaweedServer
 from bench.systems import cpu
-from bench.systems.cpu import machine_busy, machine_total
+from bench.systems.mounts import REPO
 from bench.systems.ncmount import mounted, stats
 from bench.systems.pagecache import drop_page_cache, read_into_cache
 from bench.wan import WanProxyProcess
@@ -132,10 +132,6 @@ def read_s3t(endpoint: str) -> tuple[int, str]:
     return n, h.hexdigest()
 
 
-# The checkout holding bench/ (bench/tools/bigpair.py -> three levels up).
-HERE = str(Path(__file__).resolve().parents[2])
-
-
 class S3tChild:
     """A new process that has imported s3torchconnector and waits; made before the
     clock starts (interpreter start-up and imports are not the read).  ``read`` makes
@@ -144,7 +140,7 @@ class S3tChild:
 
     def __init__(self, endpoint: str):
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([HERE] + ([env["PYTHONPATH"]]
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]]
                                                       if env.get("PYTHONPATH") else []))
         self.p = subprocess.Popen([sys.executable, "-m", "bench.tools.bigpair",
                                    "--s3t-child", endpoint], stdin=subprocess.PIPE,
@@ -161,8 +157,8 @@ class S3tChild:
         if self.p.returncode != 0 or len(out.split()) != 3:
             raise SystemExit(f"bigpair: the s3torchconnector reader failed "
                              f"(exit {self.p.returncode})")
-        n, digest, cpu = out.split()
-        return int(n), digest, float(cpu)
+        n, digest, cpu_s = out.split()
+        return int(n), digest, float(cpu_s)
 
     def close(self) -> None:
         if self.p.poll() is None:
@@ -247,7 +243,7 @@ def main(argv=None) -> int:
                     try:
                         pid = stats(mnt)["pid"] if ctx else None
                         s0 = switches(pid) if pid else 0
-                        m0 = machine_busy(), machine_total()
+                        m0 = cpu.machine_busy(), cpu.machine_total()
                         c0, t0 = proc_cpu(os.getpid()), time.monotonic()
                         child_cpu = None
                         if who != "s3t":
@@ -258,7 +254,7 @@ def main(argv=None) -> int:
                             n, got = read_s3t(endpoint)
                         dt = time.monotonic() - t0
                         c1 = proc_cpu(os.getpid())
-                        m1 = machine_busy(), machine_total()
+                        m1 = cpu.machine_busy(), cpu.machine_total()
                         woke = switches(pid) - s0 if pid else None
                         made = stats(mnt).get("buffers_made") if ctx else None
                     finally:
@@ -297,11 +293,11 @@ def main(argv=None) -> int:
     for s, rows in results.items():
         gib = size / 2**30
         roles = {role for r in rows for role in r["cpu"]}
-        cpu = {role: statistics.median(r["cpu"].get(role, 0.0) / gib for r in rows)
-               for role in roles}                  # a read without the role counts 0
+        by_role = {role: statistics.median(r["cpu"].get(role, 0.0) / gib for r in rows)
+                   for role in roles}              # a read without the role counts 0
         total = statistics.median(sum(r["cpu"].values()) / gib for r in rows)
         parts = ", ".join(f"{k} {v:.2f}" for k, v in sorted(
-            cpu.items(), key=lambda kv: -kv[1]) if v >= 0.01)
+            by_role.items(), key=lambda kv: -kv[1]) if v >= 0.01)
         print(f"{s:>10}  median {med[s]:5.0f} MB/s ({min(r['mbps'] for r in rows):.0f}-"
               f"{max(r['mbps'] for r in rows):.0f}), {med[s] / med[base]:.2f}x {base}; "
               f"CPU-s per GiB: {total:.2f} ({parts})")
