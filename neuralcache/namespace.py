@@ -287,14 +287,14 @@ class Namespace:
         return [r[0] for r in self.rows.db.execute(
             "SELECT ino FROM e WHERE parent = ? AND dir = 1 AND removed = 0", (dir_inode,))]
 
-    def files_in_dir(self, dir_inode: int) -> list[tuple[str, int]]:
-        """(key, size) of the files of a listed directory, by name (a predictor's
-        catalog grows by these)."""
-        base = self.dirs[dir_inode].key if dir_inode in self.dirs else ""
+    def names_in_dir(self, dir_inode: int) -> tuple[str, list[tuple[str, int]]]:
+        """The key prefix of a listed directory ("a/b/", "" for the root) and its files'
+        (name, size), unordered (predictors/packed.py packs them)."""
+        key = self.dirs[dir_inode].key if dir_inode in self.dirs else ""
         rows = self.rows.db.execute(
-            "SELECT name, size FROM e WHERE parent = ? AND dir = 0 AND removed = 0 "
-            "ORDER BY name", (dir_inode,)).fetchall()
-        return [(f"{base}/{n}" if base else n, s) for n, s in rows]
+            "SELECT name, size FROM e WHERE parent = ? AND dir = 0 AND removed = 0",
+            (dir_inode,)).fetchall()
+        return (f"{key}/" if key else ""), rows
 
     # -- building (meta/lister.py) -------------------------------------------------------
     def _new_ino(self) -> int:

@@ -14,6 +14,7 @@ Semantics of a Prediction (what the daemon's prefetch scheduler may rely on):
 """
 from __future__ import annotations
 
+import bisect
 from typing import Iterable, NamedTuple, Protocol, runtime_checkable
 
 from .events import Event
@@ -77,6 +78,13 @@ class Catalog:
 
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    def scope_range(self, prefix: str) -> tuple[int, int]:
+        """Indices [lo, hi) of the paths under directory ``prefix`` ("a/b/"; "" = all)."""
+        paths = self.paths
+        lo = bisect.bisect_left(paths, prefix)
+        hi = bisect.bisect_left(paths, prefix[:-1] + chr(ord("/") + 1)) if prefix else len(paths)
+        return lo, hi
 
 
 class OpenRate:

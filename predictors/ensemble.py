@@ -23,6 +23,7 @@ from typing import Iterable, Sequence
 
 from .base import Catalog, OpenRate, Prediction
 from .classifier import PatternClassifier, default_classifier
+from .epoch import EpochTracker
 from .epochset import EpochSetPredictor
 from .events import Event
 from .features import WINDOW, PatternFeatures
@@ -69,10 +70,11 @@ class EnsemblePredictor:
         self.latency_s = latency_s
         self.hints = HintPredictor()
         self.stride = StridePredictor()
-        self.successor = SuccessorPredictor()
-        self.epochset = EpochSetPredictor()
+        tracker = EpochTracker()     # one for the three that follow epochs (its see())
+        self.successor = SuccessorPredictor(tracker=tracker)
+        self.epochset = EpochSetPredictor(tracker=tracker)
         self.seqread = SeqReadPredictor()
-        self.features = PatternFeatures()
+        self.features = PatternFeatures(tracker=tracker)
         self.rate = OpenRate()
         self.opens = 0
         self.pattern: str | None = None   # current class, None until classified

@@ -16,7 +16,6 @@ contiguous range of the sorted catalog.
 """
 from __future__ import annotations
 
-import bisect
 from typing import Iterable
 
 import numpy as np
@@ -42,8 +41,9 @@ HEAD_BYTES = 1 << 20
 class EpochSetPredictor:
     name = "epochset"
 
-    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
-        self.tracker = EpochTracker()
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = (),
+                 tracker: EpochTracker | None = None):
+        self.tracker = EpochTracker() if tracker is None else tracker   # shared: see()
         self.rate = OpenRate()
         self.set_catalog(catalog)
 
@@ -74,17 +74,14 @@ class EpochSetPredictor:
             new = "/".join(a[:k]) + "/" if k else ""
         if new != self.scope:
             self.scope = new
-            paths = self.catalog.paths
-            lo = bisect.bisect_left(paths, new)
-            hi = bisect.bisect_left(paths, new[:-1] + chr(ord("/") + 1)) if new else len(paths)
-            self.scope_range = (lo, hi)
+            self.scope_range = self.catalog.scope_range(new)
 
     def observe(self, ev: Event) -> None:
         if ev.op == "open":
             self.rate.observe_open(ev.t)
             if self.first_epoch and ev.path in self.catalog.index:
                 self._widen_scope(ev.path)
-        if self.tracker.observe(ev):
+        if self.tracker.see(ev)[0]:
             idx = self.catalog.index
             self.unread[:] = False
             for p in self.tracker.members_prev:

@@ -43,8 +43,9 @@ FEATURES = (
 
 
 class PatternFeatures:
-    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
-        self.tracker = EpochTracker()
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = (),
+                 tracker: EpochTracker | None = None):
+        self.tracker = EpochTracker() if tracker is None else tracker   # shared: see()
         self.prev_pos: dict[str, int] = {}
         self.last_by_pid: dict[int, tuple[int, int]] = {}   # pid -> (index, prev_pos)
         # per open: (index, delta or None, step in last epoch's order or None, in_prev, reread, dt)
@@ -75,11 +76,12 @@ class PatternFeatures:
             self.read_end.move_to_end(ev.path)
             if len(self.read_end) > SEQ_FILES:
                 self.read_end.popitem(last=False)
-            self.tracker.observe(ev)
+            self.tracker.see(ev)
             return
         idx = self.catalog.index.get(ev.path, -1)
-        reread = self.tracker.consumed(ev.path) and not self.tracker.active(ev.path)
-        if self.tracker.observe(ev):
+        started, was, active = self.tracker.see(ev)
+        reread = was and not active
+        if started:
             self.prev_pos = {p: i for i, p in enumerate(self.tracker.prev_order)}
         pp = self.prev_pos.get(ev.path, -1)
         last = self.last_by_pid.get(ev.pid)

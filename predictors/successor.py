@@ -28,8 +28,9 @@ SUCC_CONF_ALPHA = 1.0 / 16
 class SuccessorPredictor:
     name = "successor"
 
-    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = ()):
-        self.tracker = EpochTracker()
+    def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = (),
+                 tracker: EpochTracker | None = None):
+        self.tracker = EpochTracker() if tracker is None else tracker   # shared: see()
         self.rate = OpenRate()
         self.cursor: OrderCursor | None = None
         self.conf = 0.0
@@ -41,11 +42,10 @@ class SuccessorPredictor:
 
     def observe(self, ev: Event) -> None:
         if ev.op != "open":
-            self.tracker.observe(ev)
+            self.tracker.see(ev)
             return
         self.rate.observe_open(ev.t)
-        was = self.tracker.consumed(ev.path)
-        started = self.tracker.observe(ev)
+        started, was, _ = self.tracker.see(ev)
         if started:
             self.cursor = OrderCursor(self.tracker.prev_order)
             for p in self.tracker.current_members():    # carried into the new epoch

@@ -299,3 +299,31 @@ def test_large_directories_are_left_to_the_predictor():
     ns, be, store, pf = setup([], objs)
     run(store, lambda: pf.on_open("d/000", 10, 1))
     assert be.calls == []
+
+
+def test_a_large_catalog_is_packed_and_each_directory_packed_once(monkeypatch):
+    """predictors/packed.py: a catalog of CATALOG_CHEAP_FILES files or more is packed,
+    from directory segments packed once each (again only when listed again)."""
+    import neuralcache.ahead.prefetch as pfm
+    from predictors.base import Catalog
+    from predictors.packed import PackedCatalog
+
+    objs = [(f"ds/c{c}/f{i:03d}", 10 + i) for c in (2, 0, 1) for i in range(50)]
+    ns, be, store, pf = setup([], objs)
+    got = []
+    pf.predictor.set_catalog = got.append
+    ino = {c: ns.by_path(f"ds/c{c}").inode for c in range(3)}
+    pf.on_open("ds/c0/f000", 10, 1, ino[0])          # its siblings c1, c2 join it
+    cat = got[-1]
+    assert type(cat) is Catalog and list(cat.paths) == sorted(p for p, _ in objs)
+    segs = dict(pf._segments)
+    assert set(segs) == set(ino.values())
+    monkeypatch.setattr(pfm, "CATALOG_CHEAP_FILES", 100)
+    pf._catalog_at = 0.0                               # (past CATALOG_EVERY_S)
+    pf.listed(ino[1])                                  # c1 listed again
+    cat = got[-1]
+    assert isinstance(cat, PackedCatalog) and len(cat) == 150
+    assert [cat.paths[i] for i in range(150)] == sorted(p for p, _ in objs)
+    assert all(cat.size_of(p) == s for p, s in objs)
+    assert pf._segments[ino[0]] is segs[ino[0]] and pf._segments[ino[2]] is segs[ino[2]]
+    assert pf._segments[ino[1]] is not segs[ino[1]]

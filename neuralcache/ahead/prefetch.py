@@ -24,7 +24,9 @@ import collections
 import logging
 import time
 
+from predictors.base import Catalog
 from predictors.events import Event
+from predictors.packed import DirSegment, PackedCatalog
 
 from ..store import limiter as lim
 from ..store.blocks import BlockStore, Pinned
@@ -99,13 +101,17 @@ SIBLINGS_MAX_BYTES = 64 << 20
 # budget, and deeper it reaches only the far future: with hints, the multinode bench's
 # nodes would fetch the next epoch's share, files other nodes read this epoch.
 STAGED_SOURCES = frozenset({"epochset"})
-# The catalog is rebuilt at most this often while directories join it (a rebuild is
-# O(catalog): ~1 s per million files) ...
+# The catalog is rebuilt at most this often while directories join it (a rebuild
+# forgets what was planned in it) ...
 CATALOG_EVERY_S = 2.0
 # ... once it holds this many files; a smaller one is rebuilt as each directory joins
 # (~0.1 s at this size): with 20 class directories of 50 files each, waiting 2 s to add
 # the directories opened after the first halved the cold small-file rate (breakdown's
-# "files cold", 1000 files: 502 -> 240 files/s).
+# "files cold", 1000 files: 502 -> 240 files/s).  A catalog this size or larger is
+# packed (predictors/packed.py: ~40 B per file instead of ~200, a rebuild a sort of its
+# directories, a lookup ~5 us instead of ~0.1): on the 1.28 M-file tree the plain one's
+# rebuilds were two thirds of the trio thread while the tree was crawled
+# (`python -m bench.tools.scale`).
 CATALOG_CHEAP_FILES = 100_000
 # Opens the kernel serves from its page cache ("warm": no READ will reach the daemon)
 # are kept in a ring of this many and given to the predictor only when something needs
@@ -165,6 +171,7 @@ class Prefetcher:
         # The catalog (the files predictors may name) is the directories the job reads:
         # a directory joins it once a file in it is opened and its listing is complete.
         self._catalog_dirs: set[int] = set()    # directories in the catalog
+        self._segments: dict[int, DirSegment] = {}   # ... their files, packed once
         self._wanted_dirs: set[int] = set()     # opened in, waiting for their listing
         self._catalog_at = 0.0
         self._catalog_stale = False
@@ -182,6 +189,7 @@ class Prefetcher:
             self._skip = self._backoff = 0
             self._pump()
         if dir_inode in self._wanted_dirs or dir_inode in self._catalog_dirs:
+            self._segments.pop(dir_inode, None)           # listed again: packed again
             self._wanted_dirs.discard(dir_inode)
             self._catalog_dirs.add(dir_inode)
             self._catalog_stale = True
@@ -222,13 +230,20 @@ class Prefetcher:
                                        self._catalog_files >= CATALOG_CHEAP_FILES):
             return
         self._catalog_stale, self._catalog_at = False, now
-        entries: list[tuple[str, int]] = []
-        for ino in sorted(self._catalog_dirs, key=lambda i: self.ns.dirs[i].key
-                          if i in self.ns.dirs else ""):
-            if ino in self.ns.dirs:
-                entries += self.ns.files_in_dir(ino)
-        self._catalog_files = len(entries)
-        self.predictor.set_catalog(entries)
+        segs = []
+        for ino in self._catalog_dirs:
+            seg = self._segments.get(ino)
+            if ino not in self.ns.dirs:
+                self._segments.pop(ino, None)
+                continue
+            if seg is None:
+                seg = self._segments[ino] = DirSegment(*self.ns.names_in_dir(ino))
+            segs.append(seg)
+        cat = PackedCatalog(segs)
+        self._catalog_files = len(cat)
+        if len(cat) < CATALOG_CHEAP_FILES:   # plain (faster lookups), sorted by path
+            cat = Catalog(sorted(cat.entries()))
+        self.predictor.set_catalog(cat)
         self._warmed_dirs.clear()
 
     # -- events ------------------------------------------------------------------

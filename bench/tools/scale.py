@@ -1,0 +1,107 @@
+"""A job reading the 1.28 M-file ImageNet tree through a fresh mount: the daemon's RSS
+every 10 s, its CPU, and the longest stat() of a file seen for the first time while the
+lister crawls the tree and the predictors' catalog grows to 1.28 M files.
+
+    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS]
+
+For SECONDS (150): 8 threads open and read random files of random classes (with
+replacement: ~60 % distinct after 150 s), and a prober stat()s a random file every
+20 ms.  Prints one JSON line: RSS samples (MB), files opened and per second, the
+daemon's CPU-s, the longest stat()s with when they came (s after the start), p99,
+stat()s over 200 ms.
+
+TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
+DATA_DIR` leaves it (empty files: what is measured is the per-file state and the
+requests, not data); CODE_DIR: a checkout whose neuralcache/ the daemon runs (a
+"before" is `git worktree add DIR REV`).  Mounted with --cache-size 1G and a metadata
+TTL of an hour.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        f = fh.read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (3, 4):
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    src, code, label = args[:3]
+    seconds = float(args[3]) if len(args) > 3 else 150.0
+    mnt, cache = f"/tmp/scale-{label}", f"/tmp/scale-{label}-cache"
+    os.makedirs(mnt, exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=code)
+    nc = [sys.executable, "-m", "neuralcache"]
+    dirs = sorted(os.listdir(f"{src}/train"))
+    names = {d: sorted(os.listdir(f"{src}/train/{d}")) for d in dirs}
+    r = subprocess.run(nc + ["mount", src, mnt, "--cache-dir", cache, "--metadata-ttl", "3600",
+                             "--cache-size", "1G"], env=env, cwd=code, capture_output=True,
+                       text=True, timeout=900)
+    if r.returncode != 0:
+        print(r.stderr, file=sys.stderr)
+        return 1
+    try:
+        pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
+        out = {"label": label, "code": code, "rss_mount_mb": round(rss_mb(pid), 1), "rss": []}
+        stop = time.monotonic() + seconds
+        counts = [0] * 8
+        lat: list[tuple[float, float]] = []
+
+        def reader(i: int) -> None:
+            rnd = random.Random(i)
+            while time.monotonic() < stop:
+                d = rnd.choice(dirs)
+                with open(f"{mnt}/train/{d}/{rnd.choice(names[d])}", "rb") as f:
+                    f.read()
+                counts[i] += 1
+
+        def prober() -> None:
+            rnd = random.Random(99)
+            while time.monotonic() < stop:
+                d = rnd.choice(dirs)
+                t = time.monotonic()
+                os.stat(f"{mnt}/train/{d}/{rnd.choice(names[d])}")
+                lat.append((time.monotonic() - t, t - t0))
+                time.sleep(0.02)
+
+        c0, t0 = cpu_s(pid), time.monotonic()
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
+        threads.append(threading.Thread(target=prober))
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop:
+            time.sleep(10)
+            out["rss"].append(round(rss_mb(pid)))
+        for t in threads:
+            t.join()
+        worst = sorted(lat, reverse=True)[:8]
+        ms = sorted(x for x, _ in lat)
+        out.update(files=sum(counts), files_per_s=round(sum(counts) / (time.monotonic() - t0)),
+                   daemon_cpu_s=round(cpu_s(pid) - c0, 1), rss_end_mb=round(rss_mb(pid), 1),
+                   stat_worst_ms_at_s=[(round(x * 1e3), round(t)) for x, t in worst],
+                   stat_p99_ms=round(ms[int(len(ms) * .99)] * 1e3, 1),
+                   stats_over_200ms=sum(1 for x in ms if x > 0.2))
+        print(json.dumps(out), flush=True)
+        return 0
+    finally:
+        subprocess.run(nc + ["umount", mnt], env=env, cwd=code, capture_output=True, timeout=600)
+        subprocess.run(["rm", "-rf", cache])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
