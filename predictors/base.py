@@ -79,6 +79,11 @@ class Catalog:
     def total_bytes(self) -> int:
         return sum(self.sizes)
 
+    def indices(self, paths: Iterable[str]) -> list[int]:
+        """The indices of those of ``paths`` in the catalog."""
+        get = self.index.get
+        return [i for i in map(get, paths) if i is not None]
+
     def scope_range(self, prefix: str) -> tuple[int, int]:
         """Indices [lo, hi) of the paths under directory ``prefix`` ("a/b/"; "" = all)."""
         paths = self.paths

@@ -65,8 +65,9 @@ class EpochTracker:
         self.boundaries: list[int] = []    # seq at which each new epoch started
         self.events = 0                    # all events observed
         self._rereads: deque = deque(maxlen=ACTIVE_OPENS)  # (seq, path) within-epoch re-reads
-        # path -> event number of its last access, the last ACTIVE_EVENTS events' only
-        # (all paths ever: ~100 B per file of a 1.28 M-file epoch, for ``active``)
+        # path -> event number of its last access, for the last ACTIVE_EVENTS distinct
+        # paths only: each accessed within ACTIVE_EVENTS events is among them (it was
+        # every path ever: ~100 B per file of a 1.28 M-file epoch, for ``active``)
         self._touch: OrderedDict[str, int] = OrderedDict()
         self.random_rereads = 0            # this epoch's re-reads of consumed paths
         self.bytes = 0                     # bytes of the paths consumed this epoch

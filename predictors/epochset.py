@@ -82,12 +82,8 @@ class EpochSetPredictor:
             if self.first_epoch and ev.path in self.catalog.index:
                 self._widen_scope(ev.path)
         if self.tracker.see(ev)[0]:
-            idx = self.catalog.index
             self.unread[:] = False
-            for p in self.tracker.members_prev:
-                i = idx.get(p)
-                if i is not None:
-                    self.unread[i] = True
+            self.unread[self.catalog.indices(self.tracker.members_prev)] = True
             self.remaining = int(self.unread.sum())
             self.planned[:] = False
             self.first_epoch = False

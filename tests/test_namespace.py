@@ -146,6 +146,8 @@ def test_readdir_offsets_are_stable_across_a_refresh():
     async def body(ns, lister):
         d = await walk(ns, lister, "d")
         await lister.ready(d)
+        listed = []
+        lister.on_listed = listed.append
         first = ns.page(d.inode, 0, 4)
         be.objects.pop("d/001")
         be.set("d/zzz", 7)
@@ -158,6 +160,14 @@ def test_readdir_offsets_are_stable_across_a_refresh():
         names = [r.name for r in first] + [r.name for r in rest]
         assert "001" in names[:4] and "001" not in [r.name for r in rest]
         assert [r.name for r in rest] == ["004", "005", "006", "007", "008", "009", "zzz"]
+        # the predictors' catalog hears of a refresh that changed the directory (the
+        # prefetcher packs it again), not of one that found it the same
+        assert listed == [d.inode]
+        ds.listed_at -= 1000
+        await lister.lookup(d, "000")
+        while ds.listing is not None:
+            await trio.sleep(0.01)
+        assert listed == [d.inode] and lister.refreshes == 2
 
     run(be, body)
 

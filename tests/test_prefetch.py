@@ -327,3 +327,12 @@ def test_a_large_catalog_is_packed_and_each_directory_packed_once(monkeypatch):
     assert all(cat.size_of(p) == s for p, s in objs)
     assert pf._segments[ino[0]] is segs[ino[0]] and pf._segments[ino[2]] is segs[ino[2]]
     assert pf._segments[ino[1]] is not segs[ino[1]]
+    # a file added to c2: packed again; c0 removed: out of the catalog
+    ns.put_file("ds/c2/new", 5, "v", 0.0)
+    ns.remove(ns.by_path("ds/c0"))
+    pf._catalog_stale, pf._catalog_at = True, 0.0
+    pf._rebuild_catalog()
+    cat = got[-1]
+    assert isinstance(cat, PackedCatalog) and len(cat) == 101
+    assert cat.size_of("ds/c2/new") == 5 and "ds/c0/f000" not in cat.index
+    assert pf._segments[ino[2]] is not segs[ino[2]] and ino[0] not in pf._segments

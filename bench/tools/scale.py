@@ -2,13 +2,14 @@
 every 10 s, its CPU, and the longest stat() of a file seen for the first time while the
 lister crawls the tree and the predictors' catalog grows to 1.28 M files.
 
-    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS]
+    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS | epoch]
 
 For SECONDS (150): 8 threads open and read random files of random classes (with
 replacement: ~60 % distinct after 150 s), and a prober stat()s a random file every
 20 ms.  Prints one JSON line: RSS samples (MB), files opened and per second, the
 daemon's CPU-s, the longest stat()s with when they came (s after the start), p99,
-stat()s over 200 ms.
+stat()s over 200 ms.  With ``epoch``: instead, one shuffled pass over every file by 8
+threads (an ImageNet epoch), then the daemon's RSS, files per second and CPU per file.
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it (empty files: what is measured is the per-file state and the
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 
 def rss_mb(pid: int) -> float:
@@ -36,13 +38,32 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def one_epoch(mnt: str, pid: int, paths: list[str]) -> dict:
+    order = paths[:]
+    random.Random(0).shuffle(order)
+
+    def one(p: str) -> None:
+        with open(f"{mnt}/{p}", "rb") as f:
+            f.read()
+
+    c0, t0 = cpu_s(pid), time.monotonic()
+    with ThreadPoolExecutor(8) as ex:
+        for _ in ex.map(one, order, chunksize=256):
+            pass
+    s = time.monotonic() - t0
+    return {"files": len(order), "epoch_s": round(s, 1), "files_per_s": round(len(order) / s),
+            "daemon_cpu_us_per_file": round((cpu_s(pid) - c0) / len(order) * 1e6, 1),
+            "rss_end_mb": round(rss_mb(pid), 1)}
+
+
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (3, 4):
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     src, code, label = args[:3]
-    seconds = float(args[3]) if len(args) > 3 else 150.0
+    epoch = len(args) > 3 and args[3] == "epoch"
+    seconds = float(args[3]) if len(args) > 3 and not epoch else 150.0
     mnt, cache = f"/tmp/scale-{label}", f"/tmp/scale-{label}-cache"
     os.makedirs(mnt, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=code)
@@ -58,6 +79,10 @@ def main(argv=None) -> int:
     try:
         pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
         out = {"label": label, "code": code, "rss_mount_mb": round(rss_mb(pid), 1), "rss": []}
+        if epoch:
+            out.update(one_epoch(mnt, pid, [f"train/{d}/{n}" for d in dirs for n in names[d]]))
+            print(json.dumps(out), flush=True)
+            return 0
         stop = time.monotonic() + seconds
         counts = [0] * 8
         lat: list[tuple[float, float]] = []
@@ -94,7 +119,7 @@ def main(argv=None) -> int:
         out.update(files=sum(counts), files_per_s=round(sum(counts) / (time.monotonic() - t0)),
                    daemon_cpu_s=round(cpu_s(pid) - c0, 1), rss_end_mb=round(rss_mb(pid), 1),
                    stat_worst_ms_at_s=[(round(x * 1e3), round(t)) for x, t in worst],
-                   stat_p99_ms=round(ms[int(len(ms) * .99)] * 1e3, 1),
+                   stat_p99_ms=round(ms[int(len(ms) * .99)] * 1e3, 1) if ms else None,
                    stats_over_200ms=sum(1 for x in ms if x > 0.2))
         print(json.dumps(out), flush=True)
         return 0

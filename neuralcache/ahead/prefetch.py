@@ -171,7 +171,8 @@ class Prefetcher:
         # The catalog (the files predictors may name) is the directories the job reads:
         # a directory joins it once a file in it is opened and its listing is complete.
         self._catalog_dirs: set[int] = set()    # directories in the catalog
-        self._segments: dict[int, DirSegment] = {}   # ... their files, packed once
+        # ... their files, packed once (with the directory's next_seq then)
+        self._segments: dict[int, tuple[DirSegment, int]] = {}
         self._wanted_dirs: set[int] = set()     # opened in, waiting for their listing
         self._catalog_at = 0.0
         self._catalog_stale = False
@@ -230,21 +231,34 @@ class Prefetcher:
                                        self._catalog_files >= CATALOG_CHEAP_FILES):
             return
         self._catalog_stale, self._catalog_at = False, now
+        try:
+            cat = PackedCatalog(self._packed_dirs())
+            self._catalog_files = len(cat)
+            if len(cat) < CATALOG_CHEAP_FILES:   # plain (faster lookups), sorted by path
+                cat = Catalog(sorted(cat.entries()))
+            self.predictor.set_catalog(cat)
+        except Exception:       # never a request's failure (this runs inside opens)
+            log.exception("building the predictors' catalog failed; prefetch disabled")
+            self.enabled = False
+        self._warmed_dirs.clear()
+
+    def _packed_dirs(self) -> list[DirSegment]:
+        """The catalog directories' segments, each packed once: again only when it was
+        listed again (``listed``), renamed or grew; none for a directory removed or whose
+        listing the table let go (it joins again when listed)."""
         segs = []
         for ino in self._catalog_dirs:
-            seg = self._segments.get(ino)
-            if ino not in self.ns.dirs:
+            d, node = self.ns.dirs.get(ino), self.ns.get(ino)
+            if d is None or node is None or node.removed or not d.complete:
                 self._segments.pop(ino, None)
                 continue
-            if seg is None:
-                seg = self._segments[ino] = DirSegment(*self.ns.names_in_dir(ino))
+            prefix = f"{d.key}/" if d.key else ""
+            seg, seq = self._segments.get(ino, (None, 0))
+            if seg is None or seg.prefix != prefix or seq != d.next_seq:
+                seg = DirSegment(prefix, self.ns.names_in_dir(ino)[1])
+                self._segments[ino] = (seg, d.next_seq)
             segs.append(seg)
-        cat = PackedCatalog(segs)
-        self._catalog_files = len(cat)
-        if len(cat) < CATALOG_CHEAP_FILES:   # plain (faster lookups), sorted by path
-            cat = Catalog(sorted(cat.entries()))
-        self.predictor.set_catalog(cat)
-        self._warmed_dirs.clear()
+        return segs
 
     # -- events ------------------------------------------------------------------
     def on_open(self, key: str, size: int, pid: int, parent: int | None = None,

@@ -134,7 +134,8 @@ class Lister:
         self._waiting = 0                   # lookups waiting on a listing now
         self._quiet = trio.Event()          # set while none waits (the crawl may go on)
         self._quiet.set()
-        self.on_listed = None               # callback(dir_inode): a listing completed
+        self.on_listed = None               # callback(dir_inode): a listing completed,
+                                            # or a refresh that changed its entries
         # counters (stats.json: metadata_*)
         self.listings = 0
         self.refreshes = 0
@@ -424,6 +425,8 @@ class Lister:
         if gone or changed or added:
             log.info("re-listed %s/: %d new, %d gone, %d changed", d.key, added, gone,
                      changed)
+            if self.on_listed is not None:    # the predictors' catalog packs it again
+                self.on_listed(dir_inode)
         return kept
 
     def _prune_if_empty(self, dir_inode: int, d) -> None:

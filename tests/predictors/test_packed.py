@@ -51,6 +51,10 @@ def test_packed_catalog_answers_as_the_sorted_catalog():
             lo, hi = cat.scope_range(prefix)
             assert {cat.paths[i] for i in range(lo, hi)} == want, (prefix, cat)
     assert sorted(packed.entries()) == sorted(entries)
+    asked = [p for p, _ in entries[::2]] + ["a/nope", "q/x", "\ud800"]
+    for cat in (packed, plain):
+        assert sorted(cat.indices(asked)) == sorted(cat.index.get(p) for p in asked[:-3])
+    assert packed.index.get("a/\ud800") is None         # not encodable: not there
 
 
 def pairs(tr):
