@@ -87,7 +87,8 @@ class EpochTracker:
         """``observe(ev)`` once however many predictors share this tracker (the ensemble's
         successor, epoch-set and features: one tracker's per-path state instead of three,
         ~400 B per file of a 1.28 M-file epoch); each gets the same answer: (a new epoch
-        started, ``ev.path`` was consumed before it, was active before it)."""
+        started, ``ev.path`` was consumed before it, was active before it).  "Once" is by
+        the Event object: give a repeated access a new Event."""
         if ev is not self._seen_ev:
             path = ev.path
             was, active = self.consumed(path), self.active(path)
