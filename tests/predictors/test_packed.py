@@ -57,6 +57,21 @@ def test_packed_catalog_answers_as_the_sorted_catalog():
     assert packed.index.get("a/\ud800") is None         # not encodable: not there
 
 
+def lockstep(a, b, events, every, same=None) -> int:
+    """Feed both predictors each event; every ``every`` events their predictions (and
+    ``same(a, b)``) must agree.  Returns how many predictions were compared."""
+    compared = 0
+    for k, ev in enumerate(events):
+        a.observe(ev)
+        b.observe(ev)
+        if k % every == 0:
+            pa = a.predict(32)
+            assert pa == b.predict(32), k
+            assert same is None or same(a, b), k
+            compared += len(pa)
+    return compared
+
+
 def pairs(tr):
     packed = PackedCatalog(segments(tr.catalog))
     plain = Catalog(packed.entries())                # the same order
@@ -68,14 +83,7 @@ def test_predictions_over_a_packed_catalog_are_the_same(family):
     tr = generate(family_spec(family, n_files=800, epochs=2))
     a, b = pairs(tr)
     assert isinstance(b.catalog, PackedCatalog)
-    compared = 0
-    for k, ev in enumerate(tr.events):
-        a.observe(ev)
-        b.observe(ev)
-        if k % 7 == 0:
-            pa = a.predict(32)
-            assert pa == b.predict(32), k
-            compared += len(pa)
+    compared = lockstep(a, b, tr.events, 7)
     assert a.pattern == b.pattern and compared > 0
 
 
@@ -89,15 +97,8 @@ def test_one_shared_epoch_tracker_predicts_as_three(family):
                                                  PatternFeatures())
     own.set_catalog(tr.catalog)
     assert own.successor.tracker is not own.epochset.tracker
-    compared = 0
-    for k, ev in enumerate(tr.events):
-        shared.observe(ev)
-        own.observe(ev)
-        if k % 5 == 0:
-            ps = shared.predict(32)
-            assert ps == own.predict(32), k
-            assert shared.features.vector() == own.features.vector(), k
-            compared += len(ps)
+    compared = lockstep(shared, own, tr.events, 5,
+                        lambda x, y: x.features.vector() == y.features.vector())
     assert shared.pattern == own.pattern
     assert shared.epochset.tracker.epoch == own.epochset.tracker.epoch >= 1
     assert compared > 0 or family == "random"
