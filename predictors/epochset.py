@@ -83,7 +83,7 @@ class EpochSetPredictor:
                 self._widen_scope(ev.path)
         if self.tracker.see(ev)[0]:
             self.unread[:] = False
-            self.unread[self.catalog.indices(self.tracker.members_prev)] = True
+            self.unread[self.catalog.indices(self.tracker.prev_order)] = True
             self.remaining = int(self.unread.sum())
             self.planned[:] = False
             self.first_epoch = False

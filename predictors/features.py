@@ -46,7 +46,6 @@ class PatternFeatures:
     def __init__(self, catalog: Iterable[tuple[str, int]] | Catalog = (),
                  tracker: EpochTracker | None = None):
         self.tracker = EpochTracker() if tracker is None else tracker   # shared: see()
-        self.prev_pos: dict[str, int] = {}
         self.last_by_pid: dict[int, tuple[int, int]] = {}   # pid -> (index, prev_pos)
         # per open: (index, delta or None, step in last epoch's order or None, in_prev, reread, dt)
         self.opens: deque = deque(maxlen=WINDOW)
@@ -55,8 +54,6 @@ class PatternFeatures:
         self.n_reads = 0                                     # reads ever
         self.read_end: OrderedDict[str, int] = OrderedDict()
         self.last_t: float | None = None
-        self.seq = 0
-        self.last_seq: dict[str, int] = {}
         self.set_catalog(catalog)
 
     def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
@@ -79,11 +76,10 @@ class PatternFeatures:
             self.tracker.see(ev)
             return
         idx = self.catalog.index.get(ev.path, -1)
-        started, was, active = self.tracker.see(ev)
+        tracker = self.tracker
+        _, was, active, ls = tracker.see(ev)
         reread = was and not active
-        if started:
-            self.prev_pos = {p: i for i, p in enumerate(self.tracker.prev_order)}
-        pp = self.prev_pos.get(ev.path, -1)
+        pp = tracker.prev_position(ev.path)
         last = self.last_by_pid.get(ev.pid)
         delta = rep = None
         if last is not None:
@@ -94,11 +90,8 @@ class PatternFeatures:
         self.last_by_pid[ev.pid] = (idx, pp)
         dt = 0.0 if self.last_t is None else max(0.0, ev.t - self.last_t)
         self.last_t = ev.t
-        self.seq += 1
-        ls = self.last_seq.get(ev.path)
-        self.last_seq[ev.path] = self.seq
-        seen = ls is not None
-        short = seen and (self.seq - ls) < 0.5 * len(self.last_seq)
+        seen = ls > 0                   # ls: the tracker's count of opens at its last
+        short = seen and (tracker.opens - ls) < 0.5 * tracker.opened_paths
         self.opens.append((idx, delta, rep, pp >= 0, reread, dt, seen, short, self.n_reads))
 
     def vector(self) -> list[float]:

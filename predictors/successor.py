@@ -45,9 +45,9 @@ class SuccessorPredictor:
             self.tracker.see(ev)
             return
         self.rate.observe_open(ev.t)
-        started, was, _ = self.tracker.see(ev)
-        if started:
-            self.cursor = OrderCursor(self.tracker.prev_order)
+        started, was, _, _ = self.tracker.see(ev)
+        if started:     # (a path once per epoch: its position is the tracker's record)
+            self.cursor = OrderCursor(self.tracker.prev_order, self.tracker.prev_position)
             for p in self.tracker.current_members():    # carried into the new epoch
                 self.cursor.consume(p)
             return

@@ -2,14 +2,17 @@
 every 10 s, its CPU, and the longest stat() of a file seen for the first time while the
 lister crawls the tree and the predictors' catalog grows to 1.28 M files.
 
-    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS | epoch]
+    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS | epoch [N]]
 
 For SECONDS (150): 8 threads open and read random files of random classes (with
 replacement: ~60 % distinct after 150 s), and a prober stat()s a random file every
 20 ms.  Prints one JSON line: RSS samples (MB), files opened and per second, the
 daemon's CPU-s, the longest stat()s with when they came (s after the start), p99,
-stat()s over 200 ms.  With ``epoch``: instead, one shuffled pass over every file by 8
-threads (an ImageNet epoch), then the daemon's RSS, files per second and CPU per file.
+stat()s over 200 ms.  With ``epoch [N]``: instead, N (1) shuffled passes over every
+file by 8 threads (ImageNet epochs, each in its own order), and for each the daemon's
+RSS at its end, files per second, CPU per file, and the longest open()+read()s with
+when they came (s after the epoch's start: an epoch boundary's work on the daemon's
+trio thread shows there, at 0 s of epochs 2 on), p99, and those over 200 ms.
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it (empty files: what is measured is the per-file state and the
@@ -38,32 +41,48 @@ def cpu_s(pid: int) -> float:
     return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_epoch(mnt: str, pid: int, paths: list[str]) -> dict:
+def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
     order = paths[:]
-    random.Random(0).shuffle(order)
+    random.Random(seed).shuffle(order)
+    lat: list[float] = []
+    slow: list[tuple[float, float]] = []
 
     def one(p: str) -> None:
+        t = time.monotonic()
         with open(f"{mnt}/{p}", "rb") as f:
             f.read()
+        dt = time.monotonic() - t
+        lat.append(dt)
+        if dt > 0.05:
+            slow.append((dt, t - t0))
 
     c0, t0 = cpu_s(pid), time.monotonic()
     with ThreadPoolExecutor(8) as ex:
         for _ in ex.map(one, order, chunksize=256):
             pass
     s = time.monotonic() - t0
+    lat.sort()
     return {"files": len(order), "epoch_s": round(s, 1), "files_per_s": round(len(order) / s),
             "daemon_cpu_us_per_file": round((cpu_s(pid) - c0) / len(order) * 1e6, 1),
-            "rss_end_mb": round(rss_mb(pid), 1)}
+            "rss_end_mb": round(rss_mb(pid), 1),
+            "open_worst_ms_at_s": [(round(x * 1e3), round(t, 1))
+                                   for x, t in sorted(slow, reverse=True)[:8]],
+            "open_p99_ms": round(lat[int(len(lat) * .99)] * 1e3, 1),
+            "opens_over_200ms": sum(1 for x in lat if x > 0.2)}
 
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) not in (3, 4):
-        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+    epoch = len(args) > 3 and args[3] == "epoch"
+    try:
+        if len(args) not in ((3, 4, 5) if epoch else (3, 4)):
+            raise ValueError
+        epochs = int(args[4]) if len(args) > 4 else 1
+        seconds = float(args[3]) if len(args) > 3 and not epoch else 150.0
+    except ValueError:
+        print("usage: " + __doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     src, code, label = args[:3]
-    epoch = len(args) > 3 and args[3] == "epoch"
-    seconds = float(args[3]) if len(args) > 3 and not epoch else 150.0
     mnt, cache = f"/tmp/scale-{label}", f"/tmp/scale-{label}-cache"
     os.makedirs(mnt, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=code)
@@ -80,7 +99,8 @@ def main(argv=None) -> int:
         pid = json.load(open(f"{mnt}/.neuralcache/stats.json"))["pid"]
         out = {"label": label, "code": code, "rss_mount_mb": round(rss_mb(pid), 1), "rss": []}
         if epoch:
-            out.update(one_epoch(mnt, pid, [f"train/{d}/{n}" for d in dirs for n in names[d]]))
+            paths = [f"train/{d}/{n}" for d in dirs for n in names[d]]
+            out["epochs"] = [one_epoch(mnt, pid, paths, seed) for seed in range(epochs)]
             print(json.dumps(out), flush=True)
             return 0
         stop = time.monotonic() + seconds

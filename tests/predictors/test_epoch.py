@@ -53,3 +53,26 @@ def test_overflow_epoch_aware_beats_lru():
     ep = run(tr, None, SimConfig(capacity=cap, eviction="epoch")).epoch_hit_rate([1, 2])
     assert ep >= 0.45
     assert lru <= 0.25
+
+
+def test_prev_position_is_the_place_in_last_epochs_order():
+    """The tracker's one record per path answers what the features' and the successor's
+    maps did (each path's place in last epoch's order), before and after the path is
+    read again, across boundaries found both ways (coverage and an old re-read), with
+    carried re-reads and paths that leave the working set."""
+    from predictors.tracegen import family_spec
+    for fam, seed in (("shuffled", 3), ("repeated", 5), ("random", 7), ("webdataset", 2)):
+        tr = generate(family_spec(fam, seed=seed, epochs=4))
+        t = EpochTracker(tr.catalog)
+        paths = sorted({ev.path for ev in tr.events})
+        rnd, epochs = random.Random(seed), 0
+        for k, ev in enumerate(tr.events):
+            if t.observe(ev):
+                epochs += 1
+                where = {p: i for i, p in enumerate(t.prev_order)}
+                assert len(where) == len(t.prev_order) == t.prev_count  # each once
+            if t.epoch and k % 5 == 0:
+                for p in rnd.sample(paths, 10) + [ev.path]:
+                    assert t.prev_position(p) == where.get(p, -1), (fam, k, p)
+        assert epochs >= 3 and t.epoch == epochs
+    assert EpochTracker().prev_position("nothing") == -1

@@ -121,12 +121,16 @@ def test_active_keeps_only_the_last_events():
 def test_see_observes_once_and_answers_with_the_state_before_the_event():
     tr = generate(family_spec("shuffled", n_files=300, epochs=3, seed=4))
     a, b = EpochTracker(tr.catalog), EpochTracker(tr.catalog)
-    seen = set()
+    seen, last_open, opens = set(), {}, 0        # last_open: the fourth answer, counted here
     for ev in tr.events:
         was, active = b.consumed(ev.path), b.active(ev.path)
-        want = (b.observe(ev), was, active)
+        want = (b.observe(ev), was, active, last_open.get(ev.path, 0))
         assert a.see(ev) == want
         assert a.see(ev) == want           # a second sharer of the tracker: the same answer
-        seen.add(want)
+        if ev.op == "open":
+            opens += 1
+            last_open[ev.path] = opens
+        seen.add(want[:3])
     assert a.events == b.events and a.epoch == b.epoch >= 2
+    assert a.opens == opens and a.opened_paths == len(last_open)
     assert (False, True, False) in seen and (False, False, False) in seen
