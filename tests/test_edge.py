@@ -108,7 +108,7 @@ def test_dropping_a_changed_files_pages_leaves_the_request_thread_free(monkeypat
     async def main():
         async with trio.open_nursery() as n:
             await n.start(ops.pages.run)
-            ops._kernel_version[7] = "etag-1"
+            ops._kernel_version.set(7, "etag-1")
             ops._invalidate_inode(7)
             await trio.sleep(0.05)          # the request thread still serves (the READ)
             answered.set()
@@ -117,7 +117,26 @@ def test_dropping_a_changed_files_pages_leaves_the_request_thread_free(monkeypat
             n.cancel_scope.cancel()
 
     trio.run(main)
-    assert calls == [(7, False)] and 7 not in ops._kernel_version
+    assert calls == [(7, False)] and ops._kernel_version.get_same(7, "etag-1") is None
+
+
+def test_the_kernels_versions_are_one_hash_per_inode():
+    """Whether the kernel's pages of an inode are of the version being opened: unknown
+    until it is opened, then the same or not, forgotten on a change; inodes past the
+    array grow it."""
+    from neuralcache.fs.pagedrop import KernelVersions
+
+    kv = KernelVersions()
+    assert kv.get_same(5, "a") is None and kv.get_same(10**6, "a") is None
+    kv.set(5, "v1")
+    kv.set(70_000, "v2")
+    assert kv.get_same(5, "v1") is True and kv.get_same(5, "v2") is False
+    assert kv.get_same(70_000, "v2") is True and kv.get_same(69_999, "v2") is None
+    kv.set(5, "v2")
+    assert kv.get_same(5, "v2") is True and kv.get_same(5, "v1") is False
+    kv.forget(5)
+    kv.forget(10**7)                    # never seen: nothing to forget
+    assert kv.get_same(5, "v2") is None and kv.get_same(70_000, "v2") is True
 
 
 def test_a_mass_change_drops_each_inode_once_in_few_thread_hand_offs(monkeypatch):
@@ -170,7 +189,7 @@ def test_an_open_of_a_changed_file_drops_its_old_size_at_once(monkeypatch):
     ops = edge(MovingStore([]))
     ops.writes = None                            # a read-only mount
     node = ops.ns.put_file("w.bin", 5, "etag-2", 0.0)
-    ops._kernel_version[node.inode] = "etag-1"
+    ops._kernel_version.set(node.inode, "etag-1")
     ops._invalidate_inode(node.inode)            # the refresh: queued, not dropped yet
 
     class Ctx:

@@ -30,7 +30,7 @@ from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
 from ..ahead.readahead import ReadAhead
 from ..stats import Stats
-from .pagedrop import PageDropper
+from .pagedrop import KernelVersions, PageDropper
 from .push import Pusher
 from .trace import TraceRing
 
@@ -143,7 +143,7 @@ class Operations(pyfuse3.Operations):
         self.gid = os.getgid() if gid is None else gid
         self._handles: dict[int, object] = {}
         self._next_fh = 1
-        self._kernel_version: dict[int, str] = {}   # inode -> version last opened
+        self._kernel_version = KernelVersions()    # inode -> version last opened
         self._reading: dict[int, int] = {}          # inode -> open FileHandles
         self.pusher = Pusher(store, stats, trace, prefetcher, self._reading.get)
         self.pages = PageDropper()      # daemon.py runs it in the mount's nursery
@@ -194,7 +194,7 @@ class Operations(pyfuse3.Operations):
     def _invalidate_inode(self, inode: int) -> None:
         """The object changed on the remote: the kernel drops its cached pages (in a
         worker thread: fs/pagedrop.py), and the next open gets keep_cache=False."""
-        self._kernel_version.pop(inode, None)
+        self._kernel_version.forget(inode)
         self.pages.drop(inode)
 
     # -- lookups -------------------------------------------------------------------
@@ -338,7 +338,7 @@ class Operations(pyfuse3.Operations):
         if self.writes is not None:
             wh = await self.writes.open(node, flags, ctx.pid)
             if wh is not None:          # writing, or data in the journal
-                self._kernel_version.pop(inode, None)
+                self._kernel_version.forget(inode)
                 return pyfuse3.FileInfo(fh=self._new_fh(wh))
             if self.writes.is_local(node):
                 node.checked = time.monotonic()   # renamed here: the remote lags
@@ -346,8 +346,8 @@ class Operations(pyfuse3.Operations):
             await self._revalidate(node)
         key = self.writes.remote_key(node) if self.writes is not None else node.key
         pinned = Pinned(key, node.version, node.size)
-        kv = self._kernel_version.get(inode)
-        keep = kv == node.version
+        kv = self._kernel_version.get_same(inode, node.version)
+        keep = kv is True
         if kv is None and self.pages.waiting(inode):   # changed, pages not dropped yet:
             # the old size would cut this handle's new version short (CI under load);
             # attributes only take no page lock, so this is safe on the request thread
@@ -355,7 +355,7 @@ class Operations(pyfuse3.Operations):
                 pyfuse3.invalidate_inode(inode, attr_only=True)
             except OSError:
                 pass
-        self._kernel_version[inode] = node.version
+        self._kernel_version.set(inode, node.version)
         busy = self._reading.get(inode, 0)
         self._reading[inode] = busy + 1
         ra = ReadAhead(self.store.block_size, self.readahead_bytes) \
@@ -374,7 +374,7 @@ class Operations(pyfuse3.Operations):
             except BaseException:     # the load failed (or the daemon stops): no open
                 self._handles.pop(fh, None)
                 self._unread(inode)
-                self._kernel_version.pop(inode, None)
+                self._kernel_version.forget(inode)
                 raise
         return pyfuse3.FileInfo(fh=fh, keep_cache=keep)
 
