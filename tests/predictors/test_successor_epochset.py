@@ -78,3 +78,33 @@ def test_epochset_predicts_the_head_of_a_large_member():
     p.observe(Event(0.0, "open", "d/x", 0, 0, 1, 10))
     got = {x.path: (x.length, x.prob) for x in p.predict(10)}
     assert got == {"d/big": (HEAD_BYTES, 0.5), "d/small": (1000, 0.5)}   # first epoch: 0.5
+
+
+def test_epochset_boundary_from_its_mask_is_the_lookup_of_last_epochs_members():
+    """From the second boundary on, the epoch set takes last epoch's members from the
+    mask its own events marked instead of looking each up; the candidates must be the
+    same as the lookup's after every event, including boundaries found by coverage
+    (whose last member's read was the boundary) and by an old re-read (with carries),
+    and after a new catalog mid-epoch (the daemon's grows as the crawl lists)."""
+    import numpy as np
+
+    from predictors.tracegen import family_spec
+
+    class LookingUp(EpochSetPredictor):
+        read_whole = property(lambda self: False, lambda self, v: None)
+
+    for fam, seed in (("shuffled", 1), ("repeated", 2), ("random", 3), ("webdataset", 4),
+                      ("sequential", 5)):
+        tr = generate(family_spec(fam, seed=seed, epochs=5))
+        a, b = EpochSetPredictor(tr.catalog), LookingUp(tr.catalog)
+        masked = 0
+        for k, ev in enumerate(tr.events):
+            if k % 997 == 500:
+                a.set_catalog(tr.catalog)
+                b.set_catalog(tr.catalog)
+            whole, epoch = a.read_whole, a.tracker.epoch
+            a.observe(ev)
+            b.observe(ev)
+            masked += whole and a.tracker.epoch > epoch
+            assert np.array_equal(a.unread, b.unread) and a.remaining == b.remaining, fam
+        assert masked >= 2, fam

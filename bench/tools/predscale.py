@@ -1,0 +1,76 @@
+"""The daemon's predictors fed shuffled epochs over ImageNet's 1.28 M files, without
+FUSE: their memory per epoch and the longest single ``observe`` (an epoch boundary's
+work, done on the daemon's trio thread while every request waits).
+
+    python -m bench.tools.predscale CODE_DIR LABEL [EPOCHS]
+
+The ensemble the daemon builds (``make_default_predictor``) over a packed catalog of
+1,000 directories x 1,281 files, as the prefetcher's is at that size; EPOCHS (3)
+shuffled passes of opens by 8 pids, a ``predict(64)`` every 2,000 opens.  Prints one
+JSON line per epoch: seconds, RSS growth since the catalog was built (MB), the observes
+over 50 ms (ms, at which open of the epoch: 0 is its first), the tracker's epoch.
+(`bench.tools.scale` cannot show a boundary: its files are empty, so a second epoch's
+opens are warm and the daemon's predictor never sees them.)
+
+CODE_DIR: a checkout whose predictors/ is measured (a "before" is `git worktree add
+DIR REV`).
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent("""
+    import json, random, sys, time
+    from predictors import make_default_predictor
+    from predictors.events import Event
+    from predictors.packed import DirSegment, PackedCatalog
+    label, epochs = sys.argv[1], int(sys.argv[2])
+    def rss():
+        with open("/proc/self/status") as f:
+            return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
+    D, F = 1000, 1281
+    cat = PackedCatalog([DirSegment(f"train/n{d:08d}/",
+                                    [(f"n{d:08d}_{i:05d}.JPEG", 110_000) for i in range(F)])
+                         for d in range(D)])
+    paths = [f"train/n{d:08d}/n{d:08d}_{i:05d}.JPEG" for d in range(D) for i in range(F)]
+    p = make_default_predictor(cat)
+    r0, t = rss(), 0.0
+    for e in range(epochs):
+        order = paths[:]
+        random.Random(e).shuffle(order)
+        slow = []
+        t0 = time.monotonic()
+        for k, path in enumerate(order):
+            t += 0.0002
+            a = time.perf_counter()
+            p.observe(Event(t, "open", path, 0, 0, 1 + k % 8, 110_000))
+            dt = time.perf_counter() - a
+            if dt > 0.05:
+                slow.append((round(dt * 1e3), k))
+            if k % 2000 == 0:
+                p.predict(64)
+        print(json.dumps({"label": label, "epoch": e + 1,
+                          "s": round(time.monotonic() - t0, 1),
+                          "rss_growth_mb": round(rss() - r0),
+                          "observes_over_50ms_ms_at": slow[:8],
+                          "tracker_epoch": p.epochset.tracker.epoch}), flush=True)
+""")
+
+
+def main(argv=None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        if len(args) not in (2, 3):
+            raise ValueError
+        epochs = int(args[2]) if len(args) > 2 else 3
+    except ValueError:
+        print("usage: " + __doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    code, label = args[:2]
+    return subprocess.run([sys.executable, "-c", CHILD, label, str(epochs)],
+                          env=dict(os.environ, PYTHONPATH=code), cwd=code).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
