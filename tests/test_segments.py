@@ -83,6 +83,32 @@ def test_the_newest_copy_of_a_block_wins_at_start(tmp_path):
     assert len(stored_blocks(str(tmp_path))) == 1
 
 
+def test_block_files_and_records_reload_in_one_write_order(tmp_path):
+    """Start-up merges the block files (blocks over pack_max) with the segments'
+    records by when each was stored, one block at a time (not all in one list): a
+    limit that keeps the newest N keeps exactly the last N written, of either kind, and
+    a block stored again (a record, then a file) keeps only its newest copy."""
+    d = tier(tmp_path, segment_bytes=64 << 10, pack_max=8192)
+    keys = []
+    for i in range(24):
+        k = BlockKey("f", "v", i)
+        n = 20_000 if i % 3 == 0 else 3_000           # a file, else a record
+        assert d.put(k, bytes([i]) * n)
+        keys.append(k)
+        time.sleep(0.02)                   # mtimes and segment births apart
+    again = BlockKey("f", "v", 1)          # a record, stored again below as a file
+    d2 = DiskTier(str(tmp_path), 1 << 30, pack_max=8192)   # not loaded: knows nothing
+    assert d2.put(again, b"\xee" * 20_000)
+    keys = keys[:1] + keys[2:] + [again]
+    want = keys[-10:]
+    room = tier(tmp_path)._index          # what each counts (a file: up to its pages)
+    d3 = DiskTier(str(tmp_path), sum(segments.loc_len(room[k.name()]) for k in want))
+    assert d3.load() == 10
+    assert [k.index for k in keys if d3.contains(k)] == [k.index for k in want]
+    assert bytes(d3.get(again)) == b"\xee" * 20_000
+    assert len(stored_blocks(str(tmp_path))) == 10
+
+
 @pytest.mark.parametrize("damage", ["data", "trailer", "hash", "zeros"])
 def test_a_corrupt_record_is_a_miss_and_its_neighbours_serve(tmp_path, damage):
     d = tier(tmp_path)

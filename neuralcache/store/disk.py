@@ -23,7 +23,9 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import heapq
 import logging
+import operator
 import os
 import threading
 import time
@@ -118,25 +120,24 @@ class DiskTier:
                 os.truncate(path, length)
             except OSError:
                 pass
-        entries = files
+        files.sort()
         with self._lock:
-            for i, (path, born, mtime, size, records) in enumerate(segs):
-                seg = self._segs.add(sg.Segment(0, path, size, sealed=True))
-                # records in log order, timed between the segment's birth and the next
-                # one's (its mtime moves when a hole is punched in it)
-                end = segs[i + 1][1] if i + 1 < len(segs) else mtime
-                span = max(0.0, end - born) / max(1, len(records))
-                for j, (h, page, length) in enumerate(records):
-                    entries.append((born + j * span, h.hex(), sg.loc(seg.sid, page, length)))
-            entries.sort()
-            newest = {name: v for _, name, v in entries}   # a block stored twice
-            for _, name, v in entries:
+            added = [self._segs.add(sg.Segment(0, path, size, sealed=True))
+                     for path, _, _, size, _ in segs]
+            index, dead = self._index, []
+            # every block in the order it was stored (block files by mtime, merged
+            # with the segments' records), one at a time: a block stored twice keeps
+            # its newest copy, at the newest's place in the LRU order
+            for _, name, v in heapq.merge(files, _records(segs, added),
+                                          key=operator.itemgetter(0)):
                 if sg.loc_sid(v):
                     self._segs.by_id[sg.loc_sid(v)].live += 1
-                if newest[name] == v:
-                    self._index[name] = v
-                    self.used += sg.loc_len(v)
-            dead = [self._dead(name, v) for _, name, v in entries if newest[name] != v]
+                old = index.pop(name, None)
+                if old is not None:
+                    self.used -= sg.loc_len(old)
+                    dead.append(self._dead(name, old))
+                index[name] = v
+                self.used += sg.loc_len(v)
             dead += [self._segs.settle(seg) for seg in list(self._segs.by_id.values())]
         self._release(dead)
         self._evict_to(self.limit)
@@ -585,6 +586,18 @@ class DiskTier:
         return len(self._index)
 
 
+def _records(segs, added):
+    """(time, name, location) of each record of the scanned segments (``sg.scan``), in
+    the order they were stored: by segment, then log order, timed between the
+    segment's birth and the next one's (its mtime moves when a hole is punched in it)."""
+    for i, ((_, born, mtime, size, log), seg) in enumerate(zip(segs, added)):
+        records = sg.read_log(log, size)
+        end = segs[i + 1][1] if i + 1 < len(segs) else mtime
+        span = max(0.0, end - born) / max(1, len(records))
+        for j, (h, page, length) in enumerate(records):
+            yield born + j * span, h.hex(), sg.loc(seg.sid, page, length)
+
+
 def stored_blocks(root: str) -> list[tuple[str, int, int]]:
     """Every block a DiskTier over ``root`` (a cache sub-directory, the one holding
     ``blocks/``) would index at start, as (file, offset, length) of its data, without
@@ -592,7 +605,7 @@ def stored_blocks(root: str) -> list[tuple[str, int, int]]:
     blocks = os.path.join(root, "blocks")
     out = [file_location(os.path.join(blocks, name[:2], name))
            for _, name, _ in scan_files(blocks)[0]]
-    for path, _, _, _, records in sg.scan(os.path.join(blocks, sg.DIRNAME))[0]:
-        out += [(path, page * ALIGN, length) for _, page, length in records]
+    for path, _, _, size, log in sg.scan(os.path.join(blocks, sg.DIRNAME))[0]:
+        out += [(path, page * ALIGN, length) for _, page, length in sg.read_log(log, size)]
     return out
 
