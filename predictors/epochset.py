@@ -67,6 +67,7 @@ class EpochSetPredictor:
         self.read = np.zeros(n, dtype=bool)
         members = self.tracker.current_members()
         self.read_whole = len(members) <= REMAP_MEMBERS_MAX   # else: look up
+        self.read_epoch = self.tracker.epoch     # the epoch ``read`` is of
         if members and self.read_whole:
             self.read[self.catalog.indices(members)] = True
         self.remaining = n
@@ -106,7 +107,7 @@ class EpochSetPredictor:
         in a packed catalog: 0.6 s of the trio thread for ImageNet's 1.28 M, where the
         mask's copy takes a millisecond)."""
         prev = self.tracker.prev_order
-        if self.read_whole:
+        if self.read_whole and self.read_epoch == self.tracker.epoch - 1:
             self.unread, self.read = self.read, self.unread
             # the one member this epoch's events did not mark: the read that completed
             # the working set, consumed in the epoch it ended (a no-op otherwise)
@@ -117,7 +118,7 @@ class EpochSetPredictor:
             self.unread[:] = False
             self.unread[self.catalog.indices(prev)] = True
         self.read[:] = False
-        self.read_whole = True
+        self.read_whole, self.read_epoch = True, self.tracker.epoch
         self.remaining = int(np.count_nonzero(self.unread))
         self.planned[:] = False
         self.first_epoch = False

@@ -138,7 +138,9 @@ class _UniqueOrder:
 
     def positions(self, path: str) -> list[int]:
         p = self._position(path)
-        return [p] if p >= 0 else []
+        # checked against the list: an owner answering for another order is a miss,
+        # not a wrong slot
+        return [p] if 0 <= p < len(self._paths) and self._paths[p] == path else []
 
 
 class _Window:

@@ -41,15 +41,17 @@ class SuccessorPredictor:
         self.tracker.set_catalog(self.catalog)
 
     def observe(self, ev: Event) -> None:
-        if ev.op != "open":
-            self.tracker.see(ev)
-            return
-        self.rate.observe_open(ev.t)
+        is_open = ev.op == "open"
+        if is_open:
+            self.rate.observe_open(ev.t)
         started, was, _, _ = self.tracker.see(ev)
-        if started:     # (a path once per epoch: its position is the tracker's record)
+        if started:     # by an open, or by a read that completed last epoch's members
+            # (a path once per epoch: its place is the tracker's record, of this epoch)
             self.cursor = OrderCursor(self.tracker.prev_order, self.tracker.prev_position)
             for p in self.tracker.current_members():    # carried into the new epoch
                 self.cursor.consume(p)
+            return
+        if not is_open:
             return
         if self.cursor is None or was or not self.tracker.consumed(ev.path):
             return          # re-read within the epoch

@@ -123,20 +123,32 @@ def test_dropping_a_changed_files_pages_leaves_the_request_thread_free(monkeypat
 def test_the_kernels_versions_are_one_hash_per_inode():
     """Whether the kernel's pages of an inode are of the version being opened: unknown
     until it is opened, then the same or not, forgotten on a change; inodes past the
-    array grow it."""
-    from neuralcache.fs.pagedrop import KernelVersions
+    array in its dict; the array costs memory only where written."""
+    from neuralcache.fs.pagedrop import ARRAY_INODES, KernelVersions
 
+    def rss_mb():
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) for x in f if x.startswith("VmRSS")) / 1024
+
+    r0 = rss_mb()
     kv = KernelVersions()
-    assert kv.get_same(5, "a") is None and kv.get_same(10**6, "a") is None
-    kv.set(5, "v1")
-    kv.set(70_000, "v2")
-    assert kv.get_same(5, "v1") is True and kv.get_same(5, "v2") is False
-    assert kv.get_same(70_000, "v2") is True and kv.get_same(69_999, "v2") is None
-    kv.set(5, "v2")
-    assert kv.get_same(5, "v2") is True and kv.get_same(5, "v1") is False
-    kv.forget(5)
-    kv.forget(10**7)                    # never seen: nothing to forget
-    assert kv.get_same(5, "v2") is None and kv.get_same(70_000, "v2") is True
+    for big in (False, True):
+        base = ARRAY_INODES + 10 if big else 0
+        assert kv.get_same(base + 5, "a") is None
+        kv.set(base + 5, "v1")
+        kv.set(base + 70_000, "v2")
+        assert kv.get_same(base + 5, "v1") is True and kv.get_same(base + 5, "v2") is False
+        assert kv.get_same(base + 70_000, "v2") is True
+        assert kv.get_same(base + 69_999, "v2") is None
+        kv.set(base + 5, "v2")
+        assert kv.get_same(base + 5, "v2") is True and kv.get_same(base + 5, "v1") is False
+        kv.forget(base + 5)
+        kv.forget(base + 6)                  # never seen: nothing to forget
+        assert kv.get_same(base + 5, "v2") is None and kv.get_same(base + 70_000, "v2")
+    assert len(kv._over) == 1
+    for ino in range(1, ARRAY_INODES, ARRAY_INODES // 64):   # 64 scattered opens
+        kv.set(ino, "v")
+    assert rss_mb() - r0 < 16               # of the array's 128 MB: pages written only
 
 
 def test_a_mass_change_drops_each_inode_once_in_few_thread_hand_offs(monkeypatch):

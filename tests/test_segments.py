@@ -3,6 +3,7 @@ round trip, restart, corruption, eviction giving space back, disk full, concurre
 import errno
 import os
 import random
+import shutil
 import threading
 import time
 
@@ -101,12 +102,37 @@ def test_block_files_and_records_reload_in_one_write_order(tmp_path):
     assert d2.put(again, b"\xee" * 20_000)
     keys = keys[:1] + keys[2:] + [again]
     want = keys[-10:]
-    room = tier(tmp_path)._index          # what each counts (a file: up to its pages)
+    copy = tmp_path / "copy"               # what each counts (a file: up to its pages),
+    shutil.copytree(tmp_path / "blocks", copy / "blocks")  # from a copy: d3 sees both
+    room = tier(copy)._index
     d3 = DiskTier(str(tmp_path), sum(segments.loc_len(room[k.name()]) for k in want))
     assert d3.load() == 10
     assert [k.index for k in keys if d3.contains(k)] == [k.index for k in want]
     assert bytes(d3.get(again)) == b"\xee" * 20_000
     assert len(stored_blocks(str(tmp_path))) == 10
+
+
+def test_a_file_copy_timed_between_a_segments_records_kills_only_its_record(tmp_path):
+    """A segment's first record replaced by a block file whose mtime falls before the
+    segment's next record (records are timed by estimate): the segment keeps its other
+    records and the daemon starts (counting and killing one block at a time dropped the
+    segment halfway through the load, and the next record found it gone)."""
+    d = tier(tmp_path)
+    x, y = BlockKey("f", "v", 0), BlockKey("f", "v", 1)
+    assert d.put(x, b"x" * 3000)
+    time.sleep(0.05)
+    assert d.put(y, b"y" * 3000)
+    (seg,) = seg_files(tmp_path)
+    born = int(seg.name[:-4], 16) / 1e9
+    os.utime(seg, (born + 1.0, born + 1.0))     # y's record timed at born + 0.5 s
+    d2 = DiskTier(str(tmp_path), 1 << 30, pack_max=0)  # not loaded; x again, as a file
+    assert d2.put(x, b"X" * 3000)
+    (f,) = [p for p in (tmp_path / "blocks").glob("??/*") if p.is_file()]
+    os.utime(f, (born + 0.1, born + 0.1))       # between x's record and y's
+    d3 = tier(tmp_path)
+    assert len(d3) == 2 and d3.used == 3000 + segments.loc_len(d3._index[x.name()])
+    assert bytes(d3.get(x)) == b"X" * 3000 and bytes(d3.get(y)) == b"y" * 3000
+    assert seg_files(tmp_path) == [seg]
 
 
 @pytest.mark.parametrize("damage", ["data", "trailer", "hash", "zeros"])

@@ -11,8 +11,9 @@ daemon's CPU-s, the longest stat()s with when they came (s after the start), p99
 stat()s over 200 ms.  With ``epoch [N]``: instead, N (1) shuffled passes over every
 file by 8 threads (ImageNet epochs, each in its own order), and for each the daemon's
 RSS at its end, files per second, CPU per file, and the longest open()+read()s with
-when they came (s after the epoch's start: an epoch boundary's work on the daemon's
-trio thread shows there, at 0 s of epochs 2 on), p99, and those over 200 ms.
+when they came (s after the epoch's start), p99, and those over 200 ms.  The files
+are empty, so from the second epoch on every open is warm and the predictors never see
+it: no epoch boundary is measured here (`bench.tools.predscale` measures them).
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it (empty files: what is measured is the per-file state and the

@@ -95,16 +95,27 @@ def _drop_all(inodes: list[int], stop: threading.Event) -> None:
             pass     # the kernel does not know this inode: nothing to drop
 
 
+# Inodes whose kernel version ``KernelVersions`` keeps in its array: 2**24 (16.8 M)
+# inodes, 128 MB of address space that is resident only where written (a 4 KiB page per
+# 512 consecutive inodes: a directory's files are numbered together).  Higher inodes go
+# to a dict (~100 B each).  Sized so that ImageNet's 1.28 M files or a 10 M-object
+# bucket never leave the array.
+ARRAY_INODES = 1 << 24
+
+
 class KernelVersions:
     """inode -> the version it was last opened at (so the kernel's pages are of it), as
-    a 64-bit hash of the version in an array indexed by inode (inodes are numbered from
-    1 up: namespace.py): 8 bytes per inode.  It was a dict of version strings, ~150
-    bytes per file opened: ~190 MB after an epoch over ImageNet's 1.28 M files.  Two
-    versions of one file taken for the same would need a 64-bit hash collision (str
-    hashes are stable within the process that made them)."""
+    a 64-bit hash of the version: in a zeroed array indexed by inode (inodes are
+    numbered from 1 up: namespace.py), allocated once and never copied, so that only
+    its pages of inodes opened use memory: 8 bytes per inode where a job opens most of
+    a directory, a page where it opens one file in 512.  It was a dict of version
+    strings, ~150 bytes per file opened: ~190 MB after an epoch over ImageNet's 1.28 M
+    files.  Two versions of one file taken for the same would need a 64-bit hash
+    collision (str hashes are stable within the process that made them)."""
 
-    def __init__(self) -> None:
-        self._h = np.zeros(1024, dtype=np.int64)    # 0: unknown
+    def __init__(self, array_inodes: int = ARRAY_INODES) -> None:
+        self._h = np.zeros(array_inodes, dtype=np.int64)    # 0: unknown (calloc: lazy)
+        self._over: dict[int, int] = {}                      # inodes past the array
 
     @staticmethod
     def _hash(version: str) -> int:
@@ -112,16 +123,17 @@ class KernelVersions:
 
     def get_same(self, inode: int, version: str) -> bool | None:
         """None if unknown (never opened, or forgotten), else whether it was ``version``."""
-        h = int(self._h[inode]) if inode < len(self._h) else 0
+        h = int(self._h[inode]) if inode < len(self._h) else self._over.get(inode, 0)
         return None if h == 0 else h == self._hash(version)
 
     def set(self, inode: int, version: str) -> None:
-        if inode >= len(self._h):
-            grown = np.zeros(max(2 * len(self._h), inode + 1), dtype=np.int64)
-            grown[:len(self._h)] = self._h
-            self._h = grown
-        self._h[inode] = self._hash(version)
+        if inode < len(self._h):
+            self._h[inode] = self._hash(version)
+        else:
+            self._over[inode] = self._hash(version)
 
     def forget(self, inode: int) -> None:
         if inode < len(self._h):
             self._h[inode] = 0
+        else:
+            self._over.pop(inode, None)

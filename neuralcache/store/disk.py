@@ -124,10 +124,13 @@ class DiskTier:
         with self._lock:
             added = [self._segs.add(sg.Segment(0, path, size, sealed=True))
                      for path, _, _, size, _ in segs]
-            index, dead = self._index, []
+            index, older = self._index, []
             # every block in the order it was stored (block files by mtime, merged
             # with the segments' records), one at a time: a block stored twice keeps
-            # its newest copy, at the newest's place in the LRU order
+            # its newest copy, at the newest's place in the LRU order.  The older
+            # copies die after every record is counted: a segment whose records so
+            # far were all replaced may still hold more (a file copy's mtime can fall
+            # between two of its records' estimated times)
             for _, name, v in heapq.merge(files, _records(segs, added),
                                           key=operator.itemgetter(0)):
                 if sg.loc_sid(v):
@@ -135,9 +138,10 @@ class DiskTier:
                 old = index.pop(name, None)
                 if old is not None:
                     self.used -= sg.loc_len(old)
-                    dead.append(self._dead(name, old))
+                    older.append((name, old))
                 index[name] = v
                 self.used += sg.loc_len(v)
+            dead = [self._dead(name, v) for name, v in older]
             dead += [self._segs.settle(seg) for seg in list(self._segs.by_id.values())]
         self._release(dead)
         self._evict_to(self.limit)

@@ -27,6 +27,25 @@ def test_successor_predicts_repeated_order_after_one_epoch():
     assert preds[0].prob > 0.8
 
 
+def test_successor_follows_an_epoch_that_a_read_started():
+    """The read that completes last epoch's members (its file's open went unseen: the
+    daemon drops warm opens past a bound) starts the next epoch: the successor follows
+    the epoch that just ended, not the one before it."""
+    first, second = list(range(200)), list(range(200))
+    random.Random(2).shuffle(second)
+    p = SuccessorPredictor(CAT)
+    for ev in opens(first) + opens(second[:-1], t0=10.0):
+        p.observe(ev)
+    assert p.tracker.epoch == 1
+    p.observe(Event(20.0, "read", CAT[second[-1]][0], 0, 100, 1, 100))
+    assert p.tracker.epoch == 2 and p.tracker.prev_order == [CAT[i][0] for i in second]
+    for ev in opens(second[:30], t0=30.0):           # the second epoch's order again
+        p.observe(ev)
+    preds = p.predict(5)
+    assert [x.path for x in preds] == [CAT[i][0] for i in second[30:35]]
+    assert preds[0].prob > 0.8
+
+
 def test_successor_tolerates_interleaved_workers():
     tr = generate(TraceSpec(family="repeated", n_files=300, workers=8, batch=4, epochs=2))
     p = SuccessorPredictor(tr.catalog)
