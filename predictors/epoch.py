@@ -180,7 +180,10 @@ class EpochTracker:
     def _consume(self, path: str, size: int = 0) -> bool:
         """Record the first access of path in this epoch; True if that completes the
         previous epoch's working set."""
-        old = self._rec.get(path)
+        # popped, not read: the record is keyed by this access's str, the one the
+        # epoch's order holds (the daemon makes a new str per open: keyed by the first
+        # one, a path held a third copy of itself from the second epoch on)
+        old = self._rec.pop(path, None)
         in_prev = old is not None and old & _MASK == self.epoch - 1   # (once per epoch)
         prev = ((old >> _POS) & _MASK) + 1 if in_prev else 0
         opened = 0 if old is None else old >> _OPEN

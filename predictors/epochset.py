@@ -37,12 +37,13 @@ WHOLE_FILE_MAX = 32 << 20
 # the kernel sends), so the scheduler fetches the block holding it.
 HEAD_BYTES = 1 << 20
 # A new catalog marks this epoch's members read so far in its ``read`` mask when they
-# are at most this many (one lookup each, ~0.5 us in a packed catalog: ~30 ms of the
-# trio thread at most), so that the next boundary needs no lookups; more are looked
-# up at the boundary instead (0.6 s for ImageNet's 1.28 M: `python -m
+# are at most this many (one lookup each: ~2 us by binary search in a packed catalog,
+# ~30 ms of the trio thread at most), so that the next boundary needs no lookups; more
+# are looked up at the boundary instead (0.6 s for ImageNet's 1.28 M: `python -m
 # bench.tools.predscale`).  The daemon's catalog grows while the crawl lists the
-# dataset, in the job's first seconds.
-REMAP_MEMBERS_MAX = 65536
+# dataset, in the job's first seconds.  (``Catalog.indices`` would sort the whole
+# catalog's hashes for each new catalog: 20 MB more at 1.28 M files, and the time.)
+REMAP_MEMBERS_MAX = 16384
 
 
 class EpochSetPredictor:
@@ -69,7 +70,8 @@ class EpochSetPredictor:
         self.read_whole = len(members) <= REMAP_MEMBERS_MAX   # else: look up
         self.read_epoch = self.tracker.epoch     # the epoch ``read`` is of
         if members and self.read_whole:
-            self.read[self.catalog.indices(members)] = True
+            get = self.catalog.index.get
+            self.read[[i for i in map(get, members) if i is not None]] = True
         self.remaining = n
         self.first_epoch = True
         self.scope: str | None = None      # directory prefix ("" = everything) or None

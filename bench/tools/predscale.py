@@ -6,7 +6,8 @@ work, done on the daemon's trio thread while every request waits).
 
 The ensemble the daemon builds (``make_default_predictor``) over a packed catalog of
 1,000 directories x 1,281 files, as the prefetcher's is at that size; EPOCHS (3)
-shuffled passes of opens by 8 pids, a ``predict(64)`` every 2,000 opens.  Prints one
+shuffled passes of opens by 8 pids (each path a new str object, as each of the daemon's
+opens makes one), a ``predict(64)`` every 2,000 opens.  Prints one
 JSON line per epoch: seconds, RSS growth since the catalog was built (MB), the observes
 over 50 ms (ms, at which open of the epoch: 0 is its first), the tracker's epoch.
 (`bench.tools.scale` cannot show a boundary: its files are empty, so a second epoch's
@@ -21,7 +22,8 @@ import sys
 import textwrap
 
 CHILD = textwrap.dedent("""
-    import json, random, sys, time
+    import json, sys, time
+    import numpy as np
     from predictors import make_default_predictor
     from predictors.events import Event
     from predictors.packed import DirSegment, PackedCatalog
@@ -33,16 +35,16 @@ CHILD = textwrap.dedent("""
     cat = PackedCatalog([DirSegment(f"train/n{d:08d}/",
                                     [(f"n{d:08d}_{i:05d}.JPEG", 110_000) for i in range(F)])
                          for d in range(D)])
-    paths = [f"train/n{d:08d}/n{d:08d}_{i:05d}.JPEG" for d in range(D) for i in range(F)]
     p = make_default_predictor(cat)
     r0, t = rss(), 0.0
     for e in range(epochs):
-        order = paths[:]
-        random.Random(e).shuffle(order)
+        order = np.random.default_rng(e).permutation(D * F)
         slow = []
         t0 = time.monotonic()
-        for k, path in enumerate(order):
-            t += 0.0002
+        for k in range(D * F):
+            d, i = divmod(int(order[k]), F)
+            path = f"train/n{d:08d}/n{d:08d}_{i:05d}.JPEG"   # a new str per open, as
+            t += 0.0002                                      # the daemon's are
             a = time.perf_counter()
             p.observe(Event(t, "open", path, 0, 0, 1 + k % 8, 110_000))
             dt = time.perf_counter() - a
