@@ -13,6 +13,7 @@ epoch boundaries from the access stream and ranks paths for eviction:
 """
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict, deque
 from typing import Callable, Iterable
 
@@ -128,7 +129,10 @@ class EpochTracker:
 
         Opens and reads both count as accesses; a read never ends an epoch (a worker may
         keep a shard open and read it in chunks long after it opened it)."""
-        path = ev.path
+        # one str per path however many accesses made it (the daemon makes a new one
+        # per open): the record's key, this epoch's order and last epoch's are one
+        # object, not three copies from the third epoch on
+        path = sys.intern(ev.path)
         self.events += 1
         touch = self._touch
         touch[path] = self.events
@@ -180,10 +184,7 @@ class EpochTracker:
     def _consume(self, path: str, size: int = 0) -> bool:
         """Record the first access of path in this epoch; True if that completes the
         previous epoch's working set."""
-        # popped, not read: the record is keyed by this access's str, the one the
-        # epoch's order holds (the daemon makes a new str per open: keyed by the first
-        # one, a path held a third copy of itself from the second epoch on)
-        old = self._rec.pop(path, None)
+        old = self._rec.get(path)
         in_prev = old is not None and old & _MASK == self.epoch - 1   # (once per epoch)
         prev = ((old >> _POS) & _MASK) + 1 if in_prev else 0
         opened = 0 if old is None else old >> _OPEN
