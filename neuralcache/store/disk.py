@@ -125,13 +125,10 @@ class DiskTier:
             added = [self._segs.add(sg.Segment(0, path, size, sealed=True))
                      for path, _, _, size, _ in segs]
             index, older = self._index, []
-            # every block in the order it was stored (block files by mtime, merged
-            # with the segments' records), one at a time: a block stored twice keeps
-            # its newest copy, at the newest's place in the LRU order.  The older
-            # copies die after every record is counted: a segment whose records so
-            # far were all replaced may still hold more (a file copy's mtime can fall
-            # between two of its records' estimated times)
-            for _, name, v in heapq.merge(files, _records(segs, added),
+            # each block in store order, one at a time: the newest copy wins, at its
+            # place in the LRU order; older ones die once all are counted (a segment
+            # may look empty halfway: a file's mtime between two records' estimates)
+            for _, name, v in heapq.merge(files, sg.records(segs, added),
                                           key=operator.itemgetter(0)):
                 if sg.loc_sid(v):
                     self._segs.by_id[sg.loc_sid(v)].live += 1
@@ -588,18 +585,6 @@ class DiskTier:
 
     def __len__(self) -> int:
         return len(self._index)
-
-
-def _records(segs, added):
-    """(time, name, location) of each record of the scanned segments (``sg.scan``), in
-    the order they were stored: by segment, then log order, timed between the
-    segment's birth and the next one's (its mtime moves when a hole is punched in it)."""
-    for i, ((_, born, mtime, size, log), seg) in enumerate(zip(segs, added)):
-        records = sg.read_log(log, size)
-        end = segs[i + 1][1] if i + 1 < len(segs) else mtime
-        span = max(0.0, end - born) / max(1, len(records))
-        for j, (h, page, length) in enumerate(records):
-            yield born + j * span, h.hex(), sg.loc(seg.sid, page, length)
 
 
 def stored_blocks(root: str) -> list[tuple[str, int, int]]:

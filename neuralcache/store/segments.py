@@ -373,6 +373,18 @@ def scan(dirpath: str):
     return segs, junk, torn
 
 
+def records(segs, added):
+    """(time, name, location) of each record of the scanned segments (``scan``), in
+    the order they were stored: by segment, then log order, timed between the
+    segment's birth and the next one's (its mtime moves when a hole is punched in it)."""
+    for i, ((_, born, mtime, size, log), seg) in enumerate(zip(segs, added)):
+        recs = read_log(log, size)
+        end = segs[i + 1][1] if i + 1 < len(segs) else mtime
+        span = max(0.0, end - born) / max(1, len(recs))
+        for j, (h, page, length) in enumerate(recs):
+            yield born + j * span, h.hex(), loc(seg.sid, page, length)
+
+
 _libc = None
 
 
