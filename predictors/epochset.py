@@ -37,12 +37,14 @@ WHOLE_FILE_MAX = 32 << 20
 # the kernel sends), so the scheduler fetches the block holding it.
 HEAD_BYTES = 1 << 20
 # A new catalog marks this epoch's members read so far in its ``read`` mask when they
-# are at most this many (one lookup each: ~2 us by binary search in a packed catalog,
-# ~30 ms of the trio thread at most), so that the next boundary needs no lookups; more
-# are looked up at the boundary instead (0.6 s for ImageNet's 1.28 M: `python -m
-# bench.tools.predscale`).  The daemon's catalog grows while the crawl lists the
-# dataset, in the job's first seconds.  (``Catalog.indices`` would sort the whole
-# catalog's hashes for each new catalog: 20 MB more at 1.28 M files, and the time.)
+# are at most this many (one lookup each: 2-5 us by binary search in a packed catalog,
+# 30-80 ms of the trio thread at most, for each new catalog), so that the next boundary
+# needs no lookups; more are looked up at the boundary instead, once (0.6 s for
+# ImageNet's 1.28 M: `python -m bench.tools.predscale`).  The daemon's catalog grows
+# while the crawl lists the dataset, every 2 s at most (ahead/prefetch.py): at ~4,000
+# opens a second a catalog made after the first ~4 s leaves the first boundary to the
+# lookups.  (``Catalog.indices`` sorts the whole catalog's hashes, ~0.15 s, for each
+# new catalog.)
 REMAP_MEMBERS_MAX = 16384
 
 
