@@ -16,6 +16,8 @@ DATA_DIR` leaves it; CODE_DIR: a checkout whose neuralcache/ the daemon runs (th
 "before" is `git worktree add DIR 9016e36`).
 """
 import json, os, random, subprocess, sys, time
+
+from bench.systems.cpu import cpu_seconds
 src, code, label = sys.argv[1], sys.argv[2], sys.argv[3]
 mode = sys.argv[4] if len(sys.argv) > 4 else "stats"
 if mode not in ("stats", "find", "lookups"):
@@ -28,10 +30,6 @@ nc = [sys.executable, "-m", "neuralcache"]
 def rss(pid):
     with open(f"/proc/{pid}/status") as f:
         return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as fh:
-        f = fh.read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 def lookups(pid):
     """The ``lookups`` mode (above)."""
     dirs = sorted(os.listdir(f"{src}/train"))[:20]
@@ -41,10 +39,10 @@ def lookups(pid):
     todo = [(d, n) for d in dirs for n in names[d][1:]]
     random.Random(1).shuffle(todo)
     time.sleep(1)
-    c0, t0 = cpu_s(pid), time.monotonic()
+    c0, t0 = cpu_seconds(pid), time.monotonic()
     for d, n in todo:
         os.stat(f"{mnt}/train/{d}/{n}")
-    t1, c1 = time.monotonic(), cpu_s(pid)
+    t1, c1 = time.monotonic(), cpu_seconds(pid)
     print(json.dumps({"label": label, "code": code, "stats": len(todo),
                       "wall_s": round(t1 - t0, 2), "daemon_cpu_s": round(c1 - c0, 2),
                       "daemon_cpu_us_per_stat": round((c1 - c0) / len(todo) * 1e6, 1)}))

@@ -30,16 +30,12 @@ import sys
 import threading
 import time
 
+from bench.systems.cpu import cpu_seconds
+
 
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
-
-
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as fh:
-        f = fh.read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
@@ -64,7 +60,7 @@ def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
 
     gc.collect()
     gc.freeze()         # the lists above are not this process's garbage to walk
-    c0, t0 = cpu_s(pid), time.monotonic()
+    c0, t0 = cpu_seconds(pid), time.monotonic()
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
@@ -74,7 +70,7 @@ def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
     all_lat = sorted(x for mine in lat for x in mine)
     gc.unfreeze()
     return {"files": len(order), "epoch_s": round(s, 1), "files_per_s": round(len(order) / s),
-            "daemon_cpu_us_per_file": round((cpu_s(pid) - c0) / len(order) * 1e6, 1),
+            "daemon_cpu_us_per_file": round((cpu_seconds(pid) - c0) / len(order) * 1e6, 1),
             "rss_end_mb": round(rss_mb(pid), 1),
             "open_worst_ms_at_s": [(round(x * 1e3), round(t, 1))
                                    for x, t in sorted(slow, reverse=True)[:8]],
@@ -135,7 +131,7 @@ def main(argv=None) -> int:
                 lat.append((time.monotonic() - t, t - t0))
                 time.sleep(0.02)
 
-        c0, t0 = cpu_s(pid), time.monotonic()
+        c0, t0 = cpu_seconds(pid), time.monotonic()
         threads = [threading.Thread(target=reader, args=(i,)) for i in range(8)]
         threads.append(threading.Thread(target=prober))
         for t in threads:
@@ -148,7 +144,7 @@ def main(argv=None) -> int:
         worst = sorted(lat, reverse=True)[:8]
         ms = sorted(x for x, _ in lat)
         out.update(files=sum(counts), files_per_s=round(sum(counts) / (time.monotonic() - t0)),
-                   daemon_cpu_s=round(cpu_s(pid) - c0, 1), rss_end_mb=round(rss_mb(pid), 1),
+                   daemon_cpu_s=round(cpu_seconds(pid) - c0, 1), rss_end_mb=round(rss_mb(pid), 1),
                    stat_worst_ms_at_s=[(round(x * 1e3), round(t)) for x, t in worst],
                    stat_p99_ms=round(ms[int(len(ms) * .99)] * 1e3, 1) if ms else None,
                    stats_over_200ms=sum(1 for x in ms if x > 0.2))
