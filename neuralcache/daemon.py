@@ -41,6 +41,7 @@ from .meta.rows import DB_NAME
 from .namespace import Namespace
 from .ahead.prefetch import Prefetcher
 from .stats import Stats
+from .gcwatch import GcWatch
 from .fs.trace import TraceRing
 from .write.journal import JOURNAL_DIR, LOG_NAME
 
@@ -272,6 +273,7 @@ async def _write_back(store: BlockStore) -> None:
 async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
     t0 = time.monotonic()
     stats = Stats()
+    gcw = GcWatch()
     disk = DiskTier(sub, cfg.cache_size)
     try:
         nblocks = await trio.to_thread.run_sync(disk.load)
@@ -326,6 +328,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                  "disk_puts_declined": disk.declined,
                  "readahead": cfg.readahead, "prefetch": cfg.prefetch}
         extra.update(writes.stats() if writes is not None else {"writable": False})
+        extra.update(gcw.stats())
         cpu = cpuacct.snapshot()
         if cpu is not None:
             extra["cpu_s"] = cpu
@@ -410,6 +413,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 # ~80 ms (the longest stat() during refreshes and hints parsing).
                 gc.freeze()
                 gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+                gcw.install()
                 on_ready(None)
                 sd_notify("READY=1\nSTATUS=serving " + cfg.source)
                 fuse_loop.install()
@@ -426,6 +430,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
         unmounted = True
     finally:
         sd_notify("STOPPING=1")
+        gcw.uninstall()
         if not closed:
             pyfuse3.close(unmount=True)
         if writes is not None:

@@ -8,12 +8,13 @@ For SECONDS (150): 8 threads open and read random files of random classes (with
 replacement: ~60 % distinct after 150 s), and a prober stat()s a random file every
 20 ms.  Prints one JSON line: RSS samples (MB), files opened and per second, the
 daemon's CPU-s, the longest stat()s with when they came (s after the start), p99,
-stat()s over 200 ms.  With ``epoch [N]``: instead, N (1) shuffled passes over every
-file by 8 threads (ImageNet epochs, each in its own order), and for each the daemon's
-RSS at its end, files per second, CPU per file, and the longest open()+read()s with
-when they came (s after the epoch's start), p99, and those over 200 ms.  The files
-are empty, so from the second epoch on every open is warm and the predictors never see
-it: no epoch boundary is measured here (`bench.tools.predscale` measures them).
+stat()s over 200 ms, and the daemon's garbage-collector pauses (``gc_*`` of its
+stats, when the checkout has them).  With ``epoch [N]``: instead, N (1) shuffled passes
+over every file by 8 threads (ImageNet epochs, each in its own order), and for each the
+daemon's RSS at its end, files per second, CPU per file, the longest open()+read()s
+with when they came (s after the epoch's start), p99, those over 200 ms, and the
+collector's pauses so far.  The files are empty, so from the second epoch on every open
+is warm and the predictors never see it: no epoch boundary is measured here (`bench.tools.predscale` measures them).
 
 TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --data-dir
 DATA_DIR` leaves it (empty files: what is measured is the per-file state and the
@@ -36,6 +37,13 @@ from bench.systems.cpu import cpu_seconds
 def rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def daemon_gc(mnt: str) -> dict:
+    """The daemon's garbage-collector pauses so far (neuralcache/gcwatch.py), when the
+    checkout reports them."""
+    snap = json.load(open(f"{mnt}/.neuralcache/stats.json"))
+    return {k: v for k, v in snap.items() if k.startswith("gc_")}
 
 
 def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
@@ -75,7 +83,7 @@ def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
             "open_worst_ms_at_s": [(round(x * 1e3), round(t, 1))
                                    for x, t in sorted(slow, reverse=True)[:8]],
             "open_p99_ms": round(all_lat[int(len(all_lat) * .99)] * 1e3, 1),
-            "opens_over_200ms": sum(1 for x in all_lat if x > 0.2)}
+            "opens_over_200ms": sum(1 for x in all_lat if x > 0.2), **daemon_gc(mnt)}
 
 
 def main(argv=None) -> int:
@@ -147,7 +155,7 @@ def main(argv=None) -> int:
                    daemon_cpu_s=round(cpu_seconds(pid) - c0, 1), rss_end_mb=round(rss_mb(pid), 1),
                    stat_worst_ms_at_s=[(round(x * 1e3), round(t)) for x, t in worst],
                    stat_p99_ms=round(ms[int(len(ms) * .99)] * 1e3, 1) if ms else None,
-                   stats_over_200ms=sum(1 for x in ms if x > 0.2))
+                   stats_over_200ms=sum(1 for x in ms if x > 0.2), **daemon_gc(mnt))
         print(json.dumps(out), flush=True)
         return 0
     finally:

@@ -65,6 +65,9 @@ COUNTERS = {
                                            "Blocks in memory only (write skipped or "
                                            "failed) queued once their reader left them "
                                            "or as memory evicted them"),
+    "neuralcache_gc_pause_seconds_total": ("gc_pause_total_s",
+                                           "Time every thread of the daemon waited for "
+                                           "the garbage collector (gcwatch.py)"),
     "neuralcache_hit_bytes_total": ("demand_hit_bytes",
                                     "Bytes served without waiting for the remote"),
     "neuralcache_pushed_files_total": ("pushed_files",
