@@ -336,3 +336,27 @@ def test_a_large_catalog_is_packed_and_each_directory_packed_once(monkeypatch):
     assert isinstance(cat, PackedCatalog) and len(cat) == 101
     assert cat.size_of("ds/c2/new") == 5 and "ds/c0/f000" not in cat.index
     assert pf._segments[ino[2]] is not segs[ino[2]] and ino[0] not in pf._segments
+
+
+def test_directories_join_the_catalog_a_step_at_a_time(monkeypatch):
+    """CATALOG_STEP_S: directories already listed (a walk of the tree before the first
+    read) are packed a few per open, not all in the open that brings them; the catalog
+    is rebuilt once the last is packed, and has every file of them."""
+    import neuralcache.ahead.prefetch as pfm
+
+    monkeypatch.setattr(pfm, "CATALOG_STEP_S", 0.0)         # one directory a step
+    objs = [(f"ds/c{c}/f{i:02d}", 10) for c in range(6) for i in range(20)]
+    ns, be, store, pf = setup([], objs)
+    got = []
+    pf.predictor.set_catalog = got.append
+    ino = ns.by_path("ds/c0").inode
+    pf.on_open("ds/c0/f00", 10, 1, ino)                      # brings its 5 siblings
+    assert got == [] and len(pf._segments) == 1 and pf._catalog_stale
+    for k in range(4):
+        pf.on_open(f"ds/c0/f{k + 1:02d}", 10, 1, ino)
+    assert got == [] and len(pf._segments) == 5
+    pf.on_open("ds/c0/f10", 10, 1, ino)                      # the last one: rebuilt
+    assert len(got) == 1 and len(got[-1]) == 120 and not pf._catalog_stale
+    assert sorted(got[-1].paths) == sorted(p for p, _ in objs)
+    pf.on_open("ds/c0/f11", 10, 1, ino)                      # nothing new: not again
+    assert len(got) == 1

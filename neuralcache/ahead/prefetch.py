@@ -105,14 +105,25 @@ STAGED_SOURCES = frozenset({"epochset"})
 # forgets what was planned in it) ...
 CATALOG_EVERY_S = 2.0
 # ... once it holds this many files; a smaller one is rebuilt as each directory joins
-# (~0.1 s at this size): with 20 class directories of 50 files each, waiting 2 s to add
-# the directories opened after the first halved the cold small-file rate (breakdown's
-# "files cold", 1000 files: 502 -> 240 files/s).  A catalog this size or larger is
-# packed (predictors/packed.py: ~40 B per file instead of ~200, a rebuild a sort of its
-# directories, a lookup ~5 us instead of ~0.1): on the 1.28 M-file tree the plain one's
-# rebuilds were two thirds of the trio thread while the tree was crawled
-# (`python -m bench.tools.scale`).
-CATALOG_CHEAP_FILES = 100_000
+# (a plain catalog: ~1 us a file, 51 ms at 50,000 and 106 at 100,000 on an idle core,
+# `python -m bench.tools.catcost`, several times that in wall time while listing
+# threads share the GIL): with 20 class directories of 50 files each, waiting 2 s to
+# add the directories opened after the first halved the cold small-file rate
+# (breakdown's "files cold", 1000 files: 502 -> 240 files/s).  20,000: a plain
+# rebuild takes ~20 ms.  A catalog this size or larger is packed (predictors/packed.py: ~40 B per file instead of ~200, a rebuild a
+# sort of its directories, lookups slower: the ensemble's observe and predict cost
+# 52-59 instead of 40-47 us per open over 50,000 or 100,000 files, same tool).  At
+# 100,000 the plain rebuilds on each listing stopped opens for 0.4-0.6 s each in the
+# first seconds of the 1.28 M-file tree's crawl (py-spy of the daemon under `python -m
+# bench.tools.scale ... epoch`).
+CATALOG_CHEAP_FILES = 20_000
+# Directories are packed for the catalog (the table's query and ~1 us a file) in steps
+# of at most this long, one per open or listing that finds some waiting; the catalog is
+# rebuilt once none waits.  Packed at once, the first open after a walk of the 1.28
+# M-file tree through the mount (torchvision's ImageFolder lists every class before it
+# reads a sample) packed its 1,000 directories in one go: 1.3 s, every request behind
+# it (`python -m bench.tools.walkopen`).
+CATALOG_STEP_S = 0.005
 # Opens the kernel serves from its page cache ("warm": no READ will reach the daemon)
 # are kept in a ring of this many and given to the predictor only when something needs
 # it: the next cold open, a read, a hint or a plan.  Observing was a third of the trio
@@ -173,6 +184,7 @@ class Prefetcher:
         self._catalog_dirs: set[int] = set()    # directories in the catalog
         # ... their files, packed once (with the directory's next_seq then)
         self._segments: dict[int, tuple[DirSegment, int]] = {}
+        self._to_pack: set[int] = set()         # ... to pack (CATALOG_STEP_S)
         self._wanted_dirs: set[int] = set()     # opened in, waiting for their listing
         self._catalog_at = 0.0
         self._catalog_stale = False
@@ -193,6 +205,7 @@ class Prefetcher:
             self._segments.pop(dir_inode, None)           # listed again: packed again
             self._wanted_dirs.discard(dir_inode)
             self._catalog_dirs.add(dir_inode)
+            self._to_pack.add(dir_inode)
             self._catalog_stale = True
             self._rebuild_catalog()
 
@@ -202,6 +215,7 @@ class Prefetcher:
         d = self.ns.dirs.get(parent)
         if d is not None and d.complete:
             self._catalog_dirs.add(parent)
+            self._to_pack.add(parent)
             self._catalog_stale = True
         else:
             self._wanted_dirs.add(parent)
@@ -223,12 +237,15 @@ class Prefetcher:
                 self.lister.crawl(root)          # lists them, CRAWL_AHEAD at a time
 
     def _rebuild_catalog(self) -> None:
-        """The predictors' catalog is rebuilt whole (forgetting what was planned):
-        at once while it is small, then at most every CATALOG_EVERY_S, so that
-        directories joining a big one are batched."""
+        """The predictors' catalog is rebuilt whole (forgetting what was planned) once
+        the directories that joined it are packed (a step per call): at once while it
+        is small, then at most every CATALOG_EVERY_S, so that directories joining a
+        big one are batched."""
+        if not self._catalog_stale or not self._pack_step():
+            return
         now = time.monotonic()
-        if not self._catalog_stale or (now - self._catalog_at < CATALOG_EVERY_S and
-                                       self._catalog_files >= CATALOG_CHEAP_FILES):
+        if now - self._catalog_at < CATALOG_EVERY_S and \
+                self._catalog_files >= CATALOG_CHEAP_FILES:
             return
         self._catalog_stale, self._catalog_at = False, now
         try:
@@ -242,23 +259,37 @@ class Prefetcher:
             self.enabled = False
         self._warmed_dirs.clear()
 
+    def _pack_step(self) -> bool:
+        """Pack waiting directories for up to CATALOG_STEP_S; True once none waits."""
+        end = time.perf_counter() + CATALOG_STEP_S
+        try:
+            while self._to_pack:                 # (at least one a step)
+                self._pack(self._to_pack.pop())
+                if time.perf_counter() >= end:
+                    break
+        except Exception:       # as in _rebuild_catalog
+            log.exception("packing the predictors' catalog failed; prefetch disabled")
+            self.enabled, self._to_pack = False, set()
+        return not self._to_pack
+
     def _packed_dirs(self) -> list[DirSegment]:
-        """The catalog directories' segments, each packed once: again only when it was
-        listed again (``listed``), renamed or grew; none for a directory removed or whose
+        """The catalog directories' segments (``_pack``)."""
+        return [s for s in map(self._pack, self._catalog_dirs) if s is not None]
+
+    def _pack(self, ino: int) -> DirSegment | None:
+        """A catalog directory's segment, packed once: again only when it was listed
+        again (``listed``), renamed or grew; None for a directory removed or whose
         listing the table let go (it joins again when listed)."""
-        segs = []
-        for ino in self._catalog_dirs:
-            d, node = self.ns.dirs.get(ino), self.ns.get(ino)
-            if d is None or node is None or node.removed or not d.complete:
-                self._segments.pop(ino, None)
-                continue
-            prefix = f"{d.key}/" if d.key else ""
-            seg, seq = self._segments.get(ino, (None, 0))
-            if seg is None or seg.prefix != prefix or seq != d.next_seq:
-                seg = DirSegment(prefix, self.ns.names_in_dir(ino)[1])
-                self._segments[ino] = (seg, d.next_seq)
-            segs.append(seg)
-        return segs
+        d, node = self.ns.dirs.get(ino), self.ns.get(ino)
+        if d is None or node is None or node.removed or not d.complete:
+            self._segments.pop(ino, None)
+            return None
+        prefix = f"{d.key}/" if d.key else ""
+        seg, seq = self._segments.get(ino, (None, 0))
+        if seg is None or seg.prefix != prefix or seq != d.next_seq:
+            seg = DirSegment(prefix, self.ns.names_in_dir(ino)[1])
+            self._segments[ino] = (seg, d.next_seq)
+        return seg
 
     # -- events ------------------------------------------------------------------
     def on_open(self, key: str, size: int, pid: int, parent: int | None = None,
