@@ -109,13 +109,13 @@ CATALOG_EVERY_S = 2.0
 # `python -m bench.tools.catcost`, several times that in wall time while listing
 # threads share the GIL): with 20 class directories of 50 files each, waiting 2 s to
 # add the directories opened after the first halved the cold small-file rate
-# (breakdown's "files cold", 1000 files: 502 -> 240 files/s).  20,000: a plain
-# rebuild takes ~20 ms.  A catalog this size or larger is packed (predictors/packed.py: ~40 B per file instead of ~200, a rebuild a
-# sort of its directories, lookups slower: the ensemble's observe and predict cost
-# 52-59 instead of 40-47 us per open over 50,000 or 100,000 files, same tool).  At
-# 100,000 the plain rebuilds on each listing stopped opens for 0.4-0.6 s each in the
-# first seconds of the 1.28 M-file tree's crawl (py-spy of the daemon under `python -m
-# bench.tools.scale ... epoch`).
+# (breakdown's "files cold", 1000 files: 502 -> 240 files/s).  20,000: a plain rebuild
+# takes ~20 ms.  A catalog this size or larger is packed (predictors/packed.py: ~40 B
+# per file instead of ~200, a rebuild a sort of its directories, lookups slower: the
+# ensemble's observe and predict cost 52-59 instead of 40-47 us per open over 50,000
+# or 100,000 files, same tool).  At 100,000 the plain rebuilds on each listing stopped
+# opens for 0.4-0.6 s each in the first seconds of the 1.28 M-file tree's crawl
+# (py-spy of the daemon under `python -m bench.tools.scale ... epoch`).
 CATALOG_CHEAP_FILES = 20_000
 # Directories are packed for the catalog (the table's query and ~1 us a file) in steps
 # of at most this long, one per open or listing that finds some waiting; the catalog is
