@@ -455,13 +455,19 @@ def _tune_kernel_readahead(mp: str) -> None:
 
 
 async def _memory_report_on_sigusr1() -> None:
-    """Debug aid: with NEURALCACHE_TRACEMALLOC=1, SIGUSR1 logs the top allocations."""
+    """Debug aid: with NEURALCACHE_TRACEMALLOC=1, SIGUSR1 logs what Python holds: the
+    total, the 20 source lines that allocated most, and the 8 largest call paths."""
     import tracemalloc
 
     tracemalloc.start(8)
     with trio.open_signal_receiver(signal.SIGUSR1) as sigs:
         async for _ in sigs:
             snap = tracemalloc.take_snapshot()
+            lines = snap.statistics("lineno")
+            log.warning("memory: %.1f MB traced; by line:\n%s",
+                        sum(s.size for s in lines) / 1e6,
+                        "\n".join(f"{s.size / 1e6:8.1f} MB {s.count:9d} "
+                                  f"{s.traceback[0]}" for s in lines[:20]))
             for stat in snap.statistics("traceback")[:8]:
                 log.warning("memory: %.1f MB in %d blocks\n%s", stat.size / 1e6, stat.count,
                             "\n".join(stat.traceback.format()))

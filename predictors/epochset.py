@@ -23,6 +23,7 @@ import numpy as np
 from .base import Catalog, OpenRate, Prediction, whole_file
 from .epoch import EpochTracker
 from .events import Event
+from .packed import PackedCatalog
 
 # In the first epoch the catalog may be much larger than what the job reads (train/ vs
 # val/, several datasets under one prefix): halve the prob.
@@ -36,15 +37,16 @@ WHOLE_FILE_MAX = 32 << 20
 # The head of a large member: the first FUSE read request of a file (1 MiB, the largest
 # the kernel sends), so the scheduler fetches the block holding it.
 HEAD_BYTES = 1 << 20
-# A new catalog marks this epoch's members read so far in its ``read`` mask when they
-# are at most this many (one lookup each: 2-5 us by binary search in a packed catalog,
-# 30-80 ms of the trio thread at most, for each new catalog), so that the next boundary
-# needs no lookups; more are looked up at the boundary instead, once (0.6 s for
-# ImageNet's 1.28 M: `python -m bench.tools.predscale`).  The daemon's catalog grows
-# while the crawl lists the dataset, every 2 s at most (ahead/prefetch.py): at ~4,000
-# opens a second a catalog made after the first ~4 s leaves the first boundary to the
-# lookups.  (``Catalog.indices`` sorts the whole catalog's hashes, ~0.15 s, for each
-# new catalog.)
+# A new catalog marks this epoch's members read so far in its ``read`` mask, so that
+# the next boundary needs no lookups (0.6 s of the trio thread for ImageNet's 1.28 M,
+# `python -m bench.tools.predscale`).  Up to this many members, one lookup each (2-5 us
+# by binary search in a packed catalog: 30-80 ms at most).  With more, a packed catalog
+# takes the old one's mask for the directories both share and asks the tracker about
+# each file of the new ones (~1 us a file): the daemon's catalog grows while the crawl
+# lists the dataset, every 2 s at most (ahead/prefetch.py), long after this many opens.
+# Otherwise (a plain catalog, or an old mask that was not whole) the boundary looks
+# them up, once.  (``Catalog.indices`` sorts the whole catalog's hashes, ~0.15 s, too
+# slow for each new catalog.)
 REMAP_MEMBERS_MAX = 16384
 
 
@@ -55,9 +57,14 @@ class EpochSetPredictor:
                  tracker: EpochTracker | None = None):
         self.tracker = EpochTracker() if tracker is None else tracker   # shared: see()
         self.rate = OpenRate()
+        self.catalog: Catalog | None = None
+        self.read: np.ndarray | None = None
+        self.read_whole, self.read_epoch = False, -1
         self.set_catalog(catalog)
 
     def set_catalog(self, entries: Iterable[tuple[str, int]] | Catalog) -> None:
+        old, old_read = self.catalog, self.read
+        carry = self.read_whole and self.read_epoch == self.tracker.epoch
         self.catalog = Catalog.of(entries)
         self.tracker.set_catalog(self.catalog)
         n = len(self.catalog)
@@ -69,11 +76,25 @@ class EpochSetPredictor:
         # epoch's candidates without looking each up again (``_boundary``)
         self.read = np.zeros(n, dtype=bool)
         members = self.tracker.current_members()
-        self.read_whole = len(members) <= REMAP_MEMBERS_MAX   # else: look up
         self.read_epoch = self.tracker.epoch     # the epoch ``read`` is of
-        if members and self.read_whole:
-            get = self.catalog.index.get
-            self.read[[i for i in map(get, members) if i is not None]] = True
+        if len(members) <= REMAP_MEMBERS_MAX:    # one lookup each
+            self.read_whole = True
+            if members:
+                get = self.catalog.index.get
+                self.read[[i for i in map(get, members) if i is not None]] = True
+        elif carry and isinstance(old, PackedCatalog) and \
+                isinstance(self.catalog, PackedCatalog):
+            # the old mask where both catalogs share a directory, each file of the
+            # others asked of the tracker (REMAP_MEMBERS_MAX)
+            self.read_whole = True
+            consumed = self.tracker.consumed
+            for start, seg in self.catalog.carry(old, old_read, self.read):
+                p = seg.prefix
+                for j in range(len(seg)):
+                    if consumed(p + seg.name(j)):
+                        self.read[start + j] = True
+        else:
+            self.read_whole = False              # looked up at the boundary
         self.remaining = n
         self.first_epoch = True
         self.scope: str | None = None      # directory prefix ("" = everything) or None

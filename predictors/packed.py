@@ -197,3 +197,20 @@ class PackedCatalog(Catalog):
             return 0, 0
         last = ks[-1]
         return self._starts[ks[0]], self._starts[last] + len(self._segs[last])
+
+    def carry(self, old: "PackedCatalog", mask: np.ndarray,
+              out: np.ndarray) -> list[tuple[int, DirSegment]]:
+        """Copy into ``out`` (one flag per file of this catalog) the flags ``mask`` (one
+        per file of ``old``) holds for the directory segments both catalogs share (the
+        same object: the prefetcher keeps a directory's segment until it is listed
+        again); returns (start, segment) of this catalog's other segments, whose flags
+        the caller works out itself."""
+        was = {id(seg): start for seg, start in zip(old._segs, old._starts)}
+        fresh = []
+        for seg, start in zip(self._segs, self._starts):
+            o = was.get(id(seg))
+            if o is None:                  # (both alive: one id, one object)
+                fresh.append((start, seg))
+            else:
+                out[start:start + len(seg)] = mask[o:o + len(seg)]
+        return fresh

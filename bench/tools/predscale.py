@@ -2,7 +2,7 @@
 FUSE: their memory per epoch and the longest single ``observe`` (an epoch boundary's
 work, done on the daemon's trio thread while every request waits).
 
-    python -m bench.tools.predscale CODE_DIR LABEL [EPOCHS]
+    python -m bench.tools.predscale CODE_DIR LABEL [EPOCHS] [grow]
 
 The ensemble the daemon builds (``make_default_predictor``) over a packed catalog of
 1,000 directories x 1,281 files, as the prefetcher's is at that size; EPOCHS (3)
@@ -10,6 +10,10 @@ shuffled passes of opens by 8 pids (each path a new str object, as each of the d
 opens makes one), a ``predict(64)`` every 2,000 opens.  Prints one
 JSON line per epoch: seconds, RSS growth since the catalog was built (MB), the observes
 over 50 ms (ms, at which open of the epoch: 0 is its first), the tracker's epoch.
+With ``grow``, the catalog grows during epoch 1 as the daemon's does while its crawl
+lists the tree: it starts with 40 directories and gains 40 more every 4,000 opens, each
+time a new catalog over the same directory segments plus the new ones (the prefetcher
+keeps each directory's segment); the slowest ``set_catalog`` is printed too.
 (`bench.tools.scale` cannot show a boundary: its files are empty, so a second epoch's
 opens are warm and the daemon's predictor never sees them.)
 
@@ -27,15 +31,17 @@ CHILD = textwrap.dedent("""
     from predictors import make_default_predictor
     from predictors.events import Event
     from predictors.packed import DirSegment, PackedCatalog
-    label, epochs = sys.argv[1], int(sys.argv[2])
+    label, epochs, grow = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "grow"
     def rss():
         with open("/proc/self/status") as f:
             return next(int(l.split()[1]) for l in f if l.startswith("VmRSS")) / 1024
     D, F = 1000, 1281
-    cat = PackedCatalog([DirSegment(f"train/n{d:08d}/",
-                                    [(f"n{d:08d}_{i:05d}.JPEG", 110_000) for i in range(F)])
-                         for d in range(D)])
-    p = make_default_predictor(cat)
+    segs = [DirSegment(f"train/n{d:08d}/",
+                       [(f"n{d:08d}_{i:05d}.JPEG", 110_000) for i in range(F)])
+            for d in range(D)]
+    ndirs = 40 if grow else D
+    p = make_default_predictor(PackedCatalog(segs[:ndirs]))
+    set_worst = 0.0
     r0, t = rss(), 0.0
     for e in range(epochs):
         order = np.random.default_rng(e).permutation(D * F)
@@ -52,10 +58,16 @@ CHILD = textwrap.dedent("""
                 slow.append((round(dt * 1e3), k))
             if k % 2000 == 0:
                 p.predict(64)
+            if k % 4000 == 3999 and ndirs < D:
+                ndirs += 40
+                a = time.perf_counter()
+                p.set_catalog(PackedCatalog(segs[:ndirs]))
+                set_worst = max(set_worst, time.perf_counter() - a)
         print(json.dumps({"label": label, "epoch": e + 1,
                           "s": round(time.monotonic() - t0, 1),
                           "rss_growth_mb": round(rss() - r0),
                           "observes_over_50ms_ms_at": slow[:8],
+                          "set_catalog_worst_ms": round(set_worst * 1e3, 1),
                           "tracker_epoch": p.epochset.tracker.epoch}), flush=True)
 """)
 
@@ -63,6 +75,9 @@ CHILD = textwrap.dedent("""
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
+        grow = args[-1] == "grow"
+        if grow:
+            args = args[:-1]
         if len(args) not in (2, 3):
             raise ValueError
         epochs = int(args[2]) if len(args) > 2 else 3
@@ -70,7 +85,8 @@ def main(argv=None) -> int:
         print("usage: " + __doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     code, label = args[:2]
-    return subprocess.run([sys.executable, "-c", CHILD, label, str(epochs)],
+    return subprocess.run([sys.executable, "-c", CHILD, label, str(epochs),
+                           "grow" if grow else "whole"],
                           env=dict(os.environ, PYTHONPATH=code), cwd=code).returncode
 
 

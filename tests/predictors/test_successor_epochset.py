@@ -127,3 +127,57 @@ def test_epochset_boundary_from_its_mask_is_the_lookup_of_last_epochs_members():
             masked += whole and a.tracker.epoch > epoch
             assert np.array_equal(a.unread, b.unread) and a.remaining == b.remaining, fam
         assert masked >= 2, fam
+
+def test_a_growing_packed_catalog_keeps_the_read_mask(monkeypatch):
+    """A new packed catalog with more members read than REMAP_MEMBERS_MAX takes the old
+    mask for the directories both share and asks the tracker about the files of the
+    others (new, or listed again): the boundary then swaps masks, and its candidates
+    are the lookup's after every event, while the catalog grows as the daemon's does
+    during the crawl and directories are packed again."""
+    import numpy as np
+
+    import predictors.epochset as es
+    from predictors.packed import DirSegment, PackedCatalog
+
+    monkeypatch.setattr(es, "REMAP_MEMBERS_MAX", 3)
+
+    class LookingUp(EpochSetPredictor):
+        read_whole = property(lambda self: False, lambda self, v: None)
+
+    class NoLookups(PackedCatalog):             # a's boundaries must use the mask
+        __slots__ = ()
+
+        def indices(self, paths):
+            raise AssertionError("looked up")
+
+    dirs = [(f"ds/c{d}/", [(f"f{i:02d}", 100) for i in range(40)]) for d in range(8)]
+    segs = [DirSegment(p, files) for p, files in dirs]
+    paths = [p + n for p, files in dirs for n, _ in files]
+    rnd = random.Random(7)
+    events = []
+    for e in range(4):
+        order = paths[:]
+        rnd.shuffle(order)
+        events += [Event(e * 10 + k * 0.01, "open", p, 0, 0, 1, 100)
+                   for k, p in enumerate(order)]
+    a, b = EpochSetPredictor(NoLookups(segs[:2])), LookingUp(PackedCatalog(segs[:2]))
+    shown, masked = 2, 0
+    for k, ev in enumerate(events):
+        if k % 25 == 24:
+            if shown < len(segs):
+                shown += 1                                  # a directory joins
+            else:
+                d = rnd.randrange(len(segs))                # one is listed again
+                segs[d] = DirSegment(*dirs[d])
+            a.set_catalog(NoLookups(segs[:shown]))
+            b.set_catalog(PackedCatalog(segs[:shown]))
+            assert a.read_whole, k
+        epoch = a.tracker.epoch
+        a.observe(ev)
+        b.observe(ev)
+        masked += a.tracker.epoch > epoch
+        assert np.array_equal(a.unread, b.unread) and a.remaining == b.remaining, k
+        cat = a.catalog       # the mask is this epoch's members in the catalog
+        assert [i for i in range(len(cat)) if a.read[i]] == \
+            [i for i in range(len(cat)) if a.tracker.consumed(cat.paths[i])], k
+    assert masked >= 3
