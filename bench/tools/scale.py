@@ -2,7 +2,7 @@
 every 10 s, its CPU, and the longest stat() of a file seen for the first time while the
 lister crawls the tree and the predictors' catalog grows to 1.28 M files.
 
-    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS | epoch [N]]
+    python -m bench.tools.scale TREE CODE_DIR LABEL [SECONDS | epoch [N]] [-- MOUNT_ARG...]
 
 For SECONDS (150): 8 threads open and read random files of random classes (with
 replacement: ~60 % distinct after 150 s), and a prober stat()s a random file every
@@ -20,7 +20,8 @@ TREE: DATA_DIR/namespace/posix as `python -m bench run --scenario namespace --da
 DATA_DIR` leaves it (empty files: what is measured is the per-file state and the
 requests, not data); CODE_DIR: a checkout whose neuralcache/ the daemon runs (a
 "before" is `git worktree add DIR REV`).  Mounted with --cache-size 1G and a metadata
-TTL of an hour.
+TTL of an hour, and any MOUNT_ARGs after ``--`` (``--prefetch off``: the daemon
+without its predictors).
 """
 import gc
 import json
@@ -88,6 +89,8 @@ def one_epoch(mnt: str, pid: int, paths: list[str], seed: int) -> dict:
 
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    extra = args[args.index("--") + 1:] if "--" in args else []
+    args = args[:args.index("--")] if "--" in args else args
     epoch = len(args) > 3 and args[3] == "epoch"
     try:
         if len(args) not in ((3, 4, 5) if epoch else (3, 4)):
@@ -105,8 +108,8 @@ def main(argv=None) -> int:
     dirs = sorted(os.listdir(f"{src}/train"))
     names = {d: sorted(os.listdir(f"{src}/train/{d}")) for d in dirs}
     r = subprocess.run(nc + ["mount", src, mnt, "--cache-dir", cache, "--metadata-ttl", "3600",
-                             "--cache-size", "1G"], env=env, cwd=code, capture_output=True,
-                       text=True, timeout=900)
+                             "--cache-size", "1G", *extra], env=env, cwd=code,
+                       capture_output=True, text=True, timeout=900)
     if r.returncode != 0:
         print(r.stderr, file=sys.stderr)
         return 1
