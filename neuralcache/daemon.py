@@ -459,8 +459,10 @@ def _tune_kernel_readahead(mp: str) -> None:
 async def _memory_report_on_sigusr1(trace: bool) -> None:
     """Debug aid: with NEURALCACHE_TRACEMALLOC=1 or =census, SIGUSR1 logs the daemon's
     RSS, the blocks Python's allocator holds and the 15 most numerous types of objects
-    the garbage collector tracks (a census: cheap, no tracing); with =1 also what
-    tracemalloc saw allocated (every allocation traced from the start: several times
+    the garbage collector tracks (a census: no tracing, but it walks every tracked
+    object on the trio thread, so the mount stops for a moment; the objects frozen when
+    the mount began serving, daemon.py gc.freeze, are not counted); with =1 also what
+    tracemalloc saw allocated (every allocation traced from the start: many times
     slower): the total, the 20 source lines that allocated most, the 8 largest call
     paths."""
     import collections

@@ -12,8 +12,9 @@ log = logging.getLogger(__name__)
 
 # A pause this long is logged as a warning: every request of the mount waited for it.
 # 200 ms is the slow-request line the bench tools count (bench.tools.scale
-# "opens_over_200ms"), far above a young collection (~1 ms at the daemon's gen0
-# threshold, daemon.py GC_GEN0_THRESHOLD).
+# "opens_over_200ms"), above the longest young collection of an epoch over 1.28 M
+# files (26-76 ms at the daemon's gen0 threshold, daemon.py GC_GEN0_THRESHOLD:
+# `python -m bench.tools.scale TREE DIR LABEL epoch`, its gc_pause_longest_ms).
 LOG_PAUSE_S = 0.2
 
 

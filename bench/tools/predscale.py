@@ -75,7 +75,7 @@ CHILD = textwrap.dedent("""
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        grow = args[-1] == "grow"
+        grow = bool(args) and args[-1] == "grow"
         if grow:
             args = args[:-1]
         if len(args) not in (2, 3):

@@ -43,7 +43,8 @@ def rss_mb(pid: int) -> float:
 def daemon_gc(mnt: str) -> dict:
     """The daemon's garbage-collector pauses so far (neuralcache/gcwatch.py), when the
     checkout reports them."""
-    snap = json.load(open(f"{mnt}/.neuralcache/stats.json"))
+    with open(f"{mnt}/.neuralcache/stats.json") as f:
+        snap = json.load(f)
     return {k: v for k, v in snap.items() if k.startswith("gc_")}
 
 

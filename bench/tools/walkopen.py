@@ -58,7 +58,8 @@ def main(argv=None) -> int:
         out["first5_ms_at_s"] = lat[:5]
         out["worst_ms_at_s"] = sorted(lat, reverse=True)[:6]
         out["opens_s"] = round(time.monotonic() - t0, 2)
-        snap = json.load(open(f"{mnt}/.neuralcache/stats.json"))
+        with open(f"{mnt}/.neuralcache/stats.json") as f:
+            snap = json.load(f)
         out["gc_pause_longest_ms"] = snap.get("gc_pause_longest_ms")
         print(json.dumps(out), flush=True)
         return 0

@@ -117,9 +117,10 @@ CATALOG_EVERY_S = 2.0
 # opens for 0.4-0.6 s each in the first seconds of the 1.28 M-file tree's crawl
 # (py-spy of the daemon under `python -m bench.tools.scale ... epoch`).
 CATALOG_CHEAP_FILES = 20_000
-# Directories are packed for the catalog (the table's query and ~1 us a file) in steps
-# of at most this long, one per open or listing that finds some waiting; the catalog is
-# rebuilt once none waits.  Packed at once, the first open after a walk of the 1.28
+# Directories are packed for the catalog (the table's query and ~1 us a file) in steps,
+# one per open or listing that finds some waiting: a step packs one directory, then
+# more until this long has passed (a directory is never split: a flat one of a million
+# files is one step); the catalog is rebuilt once none waits.  Packed at once, the first open after a walk of the 1.28
 # M-file tree through the mount (torchvision's ImageFolder lists every class before it
 # reads a sample) packed its 1,000 directories in one go: 1.3 s, every request behind
 # it (`python -m bench.tools.walkopen`).
@@ -267,9 +268,10 @@ class Prefetcher:
                 self._pack(self._to_pack.pop())
                 if time.perf_counter() >= end:
                     break
-        except Exception:       # as in _rebuild_catalog
+        except Exception:       # as in _rebuild_catalog; no rebuild on top of it
             log.exception("packing the predictors' catalog failed; prefetch disabled")
-            self.enabled, self._to_pack = False, set()
+            self.enabled, self._to_pack, self._catalog_stale = False, set(), False
+            return False
         return not self._to_pack
 
     def _packed_dirs(self) -> list[DirSegment]:

@@ -150,7 +150,10 @@ def test_a_growing_packed_catalog_keeps_the_read_mask(monkeypatch):
         def indices(self, paths):
             raise AssertionError("looked up")
 
-    dirs = [(f"ds/c{d}/", [(f"f{i:02d}", 100) for i in range(40)]) for d in range(8)]
+    # joining in this order, so that a directory sorting before the shared ones moves
+    # them in the new catalog (c7 first, c0 last)
+    dirs = [(f"ds/c{d}/", [(f"f{i:02d}", 100) for i in range(40)])
+            for d in (7, 5, 6, 2, 4, 1, 3, 0)]
     segs = [DirSegment(p, files) for p, files in dirs]
     paths = [p + n for p, files in dirs for n, _ in files]
     rnd = random.Random(7)
@@ -181,3 +184,22 @@ def test_a_growing_packed_catalog_keeps_the_read_mask(monkeypatch):
         assert [i for i in range(len(cat)) if a.read[i]] == \
             [i for i in range(len(cat)) if a.tracker.consumed(cat.paths[i])], k
     assert masked >= 3
+
+
+def test_a_catalog_bringing_too_many_new_files_leaves_the_boundary_to_lookups(
+        monkeypatch):
+    """CARRY_FILES_MAX bounds the files a new catalog asks the tracker about."""
+    import predictors.epochset as es
+    from predictors.packed import DirSegment, PackedCatalog
+
+    monkeypatch.setattr(es, "REMAP_MEMBERS_MAX", 3)
+    segs = [DirSegment(f"ds/c{d}/", [(f"f{i:02d}", 100) for i in range(40)])
+            for d in range(2)]
+    for limit, whole in ((39, False), (40, True)):
+        monkeypatch.setattr(es, "CARRY_FILES_MAX", limit)
+        p = EpochSetPredictor(PackedCatalog(segs[:1]))
+        for i in range(10):
+            p.observe(Event(i * 0.01, "open", f"ds/c0/f{i:02d}", 0, 0, 1, 100))
+        p.set_catalog(PackedCatalog(segs))              # 40 new files
+        assert p.read_whole is whole
+        assert int(p.read.sum()) == 10          # c0's, carried either way
