@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 import sys
+import tempfile
 import time
 import weakref
 from typing import Iterable

@@ -42,7 +42,7 @@ HEAD_BYTES = 1 << 20
 # `python -m bench.tools.predscale`).  Up to this many members, one lookup each (2-5 us
 # by binary search in a packed catalog: 30-80 ms at most).  With more, a packed catalog
 # takes the old one's mask for the directories both share and asks the tracker about
-# each file of the new ones (~1 us a file): the daemon's catalog grows while the crawl
+# each file of the new ones (CARRY_FILES_MAX): the daemon's catalog grows while the crawl
 # lists the dataset, every 2 s at most (ahead/prefetch.py), long after this many opens.
 # Otherwise (a plain catalog, or an old mask that was not whole) the boundary looks
 # them up, once.  (``Catalog.indices`` sorts the whole catalog's hashes, ~0.15 s, too

@@ -120,10 +120,10 @@ CATALOG_CHEAP_FILES = 20_000
 # Directories are packed for the catalog (the table's query and ~1 us a file) in steps,
 # one per open or listing that finds some waiting: a step packs one directory, then
 # more until this long has passed (a directory is never split: a flat one of a million
-# files is one step); the catalog is rebuilt once none waits.  Packed at once, the first open after a walk of the 1.28
-# M-file tree through the mount (torchvision's ImageFolder lists every class before it
-# reads a sample) packed its 1,000 directories in one go: 1.3 s, every request behind
-# it (`python -m bench.tools.walkopen`).
+# files is one step); the catalog is rebuilt once none waits.  Packed at once, the
+# first open after a walk of the 1.28 M-file tree through the mount (torchvision's
+# ImageFolder lists every class before it reads a sample) packed its 1,000 directories
+# in one go: 1.3 s, every request behind it (`python -m bench.tools.walkopen`).
 CATALOG_STEP_S = 0.005
 # Opens the kernel serves from its page cache ("warm": no READ will reach the daemon)
 # are kept in a ring of this many and given to the predictor only when something needs
@@ -261,7 +261,8 @@ class Prefetcher:
         self._warmed_dirs.clear()
 
     def _pack_step(self) -> bool:
-        """Pack waiting directories for up to CATALOG_STEP_S; True once none waits."""
+        """Pack a waiting directory, then more until CATALOG_STEP_S has passed; True
+        once none waits."""
         end = time.perf_counter() + CATALOG_STEP_S
         try:
             while self._to_pack:                 # (at least one a step)
