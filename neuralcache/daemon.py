@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -63,6 +64,18 @@ PREFETCH_BUDGET_FRACTION = 0.5
 # requests several at a time (measured on a sequential dd from the memory tier:
 # see README "Performance").  Needs root; skipped with a debug line otherwise.
 KERNEL_READAHEAD_KB = 16384
+# The FUSE connection's background requests (/sys/fs/fuse/connections/N/max_background;
+# the kernel's default 12, congestion at 3/4 of it): every read-ahead READ is one, and
+# once 9 are queued the kernel skips the rest of its read-ahead: a sequential read from
+# the disk cache had 3.2 READs in the daemon on average (11 at most) and none at all
+# for 43-46 % of the time; at 64 (congestion 48), 6.5-9.8 and 18-28 %.  `python -m
+# bench.tools.cachedpair --cache-root /dev/shm/x new:DIR old:DIR` (1 GiB, the cache on
+# tmpfs, 2 rounds): 1734, 1517, 1908, 1833 against 1412, 1546, 1757, 1494 MB/s.  With
+# the cache on this VM's disk, or a reader that hashes every byte (bench.breakdown),
+# the disk or the 2 cores bound it first: the same within the spread, cold reads too
+# (bench/RESULTS.md, thirty-sixth sitting).  Root only, like the read-ahead.
+FUSE_MAX_BACKGROUND = 64
+FUSECTL = "/sys/fs/fuse/connections"
 # Connections opened once the mount serves (see S3Backend.warm_connections): enough for
 # the first burst of a job's loader workers.
 WARM_CONNECTIONS = 32
@@ -444,16 +457,46 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
 
 
 def _tune_kernel_readahead(mp: str) -> None:
-    """Raise the mount's bdi read-ahead; runs in a thread once the mount serves (the
-    stat would deadlock before the FUSE loop runs)."""
+    """Raise the mount's bdi read-ahead and its FUSE connection's background requests
+    (``FUSE_MAX_BACKGROUND``); runs in a thread once the mount serves (the stat would
+    deadlock before the FUSE loop runs).  Each is skipped with a debug line where it
+    cannot be done (not root, no fusectl)."""
     try:
         dev = os.stat(mp).st_dev
+    except OSError as exc:
+        log.debug("cannot tune kernel read-ahead: %s", exc)
+        return
+    try:
         path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
         with open(path, "w") as f:
             f.write(str(KERNEL_READAHEAD_KB))
         log.debug("kernel read-ahead %s = %d KiB", path, KERNEL_READAHEAD_KB)
     except OSError as exc:
         log.debug("cannot tune kernel read-ahead: %s", exc)
+    _tune_max_background(dev)
+
+
+def _tune_max_background(dev: int) -> None:
+    """FUSE_MAX_BACKGROUND for the connection of the mount on ``dev``.  The fusectl
+    filesystem is where the kernel offers it; systemd mounts it at boot, a container
+    may not have it: then, as root, it is mounted (``mount -t fusectl``; nothing is
+    changed but that the directory shows the kernel's FUSE connections)."""
+    # the connection's directory is the kernel's dev_t: major << 20 | minor
+    conn = os.path.join(FUSECTL, str(os.major(dev) << 20 | os.minor(dev)))
+    if not os.path.isdir(conn) and os.path.isdir(FUSECTL) and not os.listdir(FUSECTL):
+        try:
+            subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL],
+                           capture_output=True, timeout=10, check=False)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.debug("cannot mount fusectl: %s", exc)
+    try:
+        for name, value in (("max_background", FUSE_MAX_BACKGROUND),
+                            ("congestion_threshold", FUSE_MAX_BACKGROUND * 3 // 4)):
+            with open(os.path.join(conn, name), "w") as f:
+                f.write(str(value))
+        log.debug("FUSE connection %s: max_background %d", conn, FUSE_MAX_BACKGROUND)
+    except OSError as exc:
+        log.debug("cannot raise the FUSE connection's max_background: %s", exc)
 
 
 async def _memory_report_on_sigusr1(trace: bool) -> None:

@@ -310,6 +310,38 @@ def test_an_open_that_finds_a_new_version_never_reads_it_short(seaweed, s3, tmp_
         assert got == old or got == new, f"{len(got)} bytes, new version's: {got[:16] == new[:16]}"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's knobs need root")
+def test_the_mount_raises_the_kernels_read_ahead_and_background_requests(tmp_path):
+    """As root the daemon raises the mount's bdi read-ahead and its FUSE connection's
+    background requests (mounting fusectl where it is not), so that the kernel keeps
+    more than 9 read-ahead READs in flight; a sequential read is still exact."""
+    from neuralcache import daemon
+    src = tmp_path / "src"
+    src.mkdir()
+    data = payload(121, 40 * MB + 77)
+    (src / "big.bin").write_bytes(data)
+    with mounted(str(src), tmp_path / "mnt", cache_dir=tmp_path / "cache") as mp:
+        dev = os.stat(mp).st_dev
+        bdi = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+        conn = Path(daemon.FUSECTL) / str(os.major(dev) << 20 | os.minor(dev))
+
+        def knobs():
+            try:
+                return (int(bdi.read_text()), int((conn / "max_background").read_text()),
+                        int((conn / "congestion_threshold").read_text()))
+            except OSError:
+                return None
+        want = (daemon.KERNEL_READAHEAD_KB, daemon.FUSE_MAX_BACKGROUND,
+                daemon.FUSE_MAX_BACKGROUND * 3 // 4)
+        assert eventually(lambda: knobs() == want) and knobs() == want, knobs()
+        assert daemon.FUSE_MAX_BACKGROUND > 12          # the kernel's default
+        with open(mp / "big.bin", "rb", buffering=0) as f:
+            got = bytearray()
+            while b := f.read(MB):
+                got += b
+        assert digest(bytes(got)) == digest(data)
+
+
 def test_a_sequential_read_keeps_only_its_window_in_memory_and_reuses_buffers(
         seaweed, s3, tmp_path):
     """A cold sequential read lets the blocks it left behind go from the memory tier
