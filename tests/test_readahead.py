@@ -139,3 +139,35 @@ def test_a_file_read_whole_gives_its_blocks_back_at_close():
         list(long.behind())
     assert len(long.touched) <= (32 << 20) // BS + 1
     assert list(long.finished(300, 300 * BS)) == list(range(300 - len(long.touched), 300))
+
+
+def test_the_kernels_first_reads_out_of_order_are_one_stream_from_the_first_byte():
+    """The kernel sends a file's first READs in parallel and they arrive in any order
+    (seen: 1, 0, 3, 2, 7, 6, 5, 4 MiB ...): one stream from byte 0, so ``behind`` gives
+    back from block 0 and ``finished`` the rest at close.  Before, each read behind
+    the last reset the stream until two came in order: it began past byte 0 and those
+    blocks stayed in memory after the close."""
+    from neuralcache.ahead.readahead import SEQ_SLACK
+    bs = 2 << 20
+    size = 72 * BS + 4321
+    nblocks = -(-size // bs)
+    ra = ReadAhead(bs, max_bytes=8 << 20)
+    order = [1, 0, 3, 2, 7, 6, 5, 4, 12, 13, 9, 8, 15, 14, 11, 10] + list(range(16, 73))
+    released = []
+    for i, mib in enumerate(order):
+        ra.on_read(mib * BS, min(BS, size - mib * BS), nblocks, 0.06, now=i * 1e-3)
+        released += ra.behind()
+        if i == 1:
+            assert ra.streak >= 2 and ra.stream_start == 0
+    assert released == list(range(0, (size - SEQ_SLACK) // bs))
+    assert ra.finished(nblocks, size) == list(range(len(released), nblocks))
+
+    # a stream begun mid-file takes a read just before where it began, not one far back
+    mid = ReadAhead(bs, max_bytes=8 << 20)
+    mid.on_read(41 * BS, BS, nblocks, 0.06, now=0.0)
+    mid.on_read(40 * BS, BS, nblocks, 0.06, now=1e-3)
+    assert mid.stream_start == 40 * BS and mid.streak == 2
+    far = ReadAhead(bs, max_bytes=8 << 20)
+    far.on_read(41 * BS, BS, nblocks, 0.06, now=0.0)
+    far.on_read(30 * BS, BS, nblocks, 0.06, now=1e-3)
+    assert far.stream_start == 30 * BS and far.streak == 1       # a seek: a new stream
