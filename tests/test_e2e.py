@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,8 +14,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from neuralcache.store.tiers import stored_blocks
 
-from conftest import (cli_env, digest, eventually, is_mounted, mounted, needs_fuse,
-                      new_bucket, payload, read_tree, run_cli, upload_tree)
+from conftest import (NEURALCACHE, cli_env, digest, eventually, is_mounted, mounted,
+                      needs_fuse, new_bucket, payload, read_tree, run_cli, upload_tree)
 
 pytestmark = [needs_fuse, pytest.mark.e2e]
 
@@ -226,6 +227,13 @@ def test_stats_and_trace_commands(seaweed, dataset_bucket, tmp_path, env):
         assert {"t", "op", "path", "off", "len", "pid", "size"} <= set(events[0])
         assert any(e["op"] == "open" and e["path"] == "README.txt" for e in events)
         assert any(e["op"] == "read" and e["path"] == "README.txt" for e in events)
+        # what reads the output goes away first (`... --out - | head`): no traceback
+        for cmd in (["trace", mp, "--out", "-"], ["stats", mp]):
+            p = subprocess.Popen(NEURALCACHE + [str(a) for a in cmd], env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            p.stdout.close()
+            err = p.stderr.read().decode()
+            assert p.wait(timeout=60) == 1 and "Traceback" not in err, (cmd, err)
 
 
 def test_hints_accept_good_refuse_bad(seaweed, dataset_bucket, tmp_path):
