@@ -433,8 +433,7 @@ def watch_stats(mp: str, first: dict, interval: float) -> int:
 
 
 def _positive(kind):
-    """argparse type: a number above 0 (argparse turns the ValueError into its usage
-    line and exit 2)."""
+    """argparse type: a number above 0 (a ValueError: argparse's usage line, exit 2)."""
     def parse(text: str):
         v = kind(text)
         if not v > 0:
@@ -456,8 +455,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
                 f.write(data)
         except OSError as exc:
             raise UserError(f"cannot write {args.out}: {exc.strerror or exc}") from None
-        n = data.count(b"\n")
-        print(f"neuralcache: wrote {n} events to {args.out}")
+        print(f"neuralcache: wrote {data.count(10)} events to {args.out}")  # (lines)
     return 0
 
 
@@ -549,11 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
-    except BrokenPipeError:
-        # what read our output went away (`neuralcache trace --out - MNT | head`): no
-        # traceback; stdout goes to /dev/null so that the exit's flush raises nothing
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    except BrokenPipeError:     # the reader went away (`... | head`): no traceback,
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
         return 1
 
 
