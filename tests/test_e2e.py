@@ -228,8 +228,9 @@ def test_stats_and_trace_commands(seaweed, dataset_bucket, tmp_path, env):
         assert any(e["op"] == "open" and e["path"] == "README.txt" for e in events)
         assert any(e["op"] == "read" and e["path"] == "README.txt" for e in events)
         # what reads the output goes away first (`... --out - | head`): no traceback
+        quiet = {k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}  # (review)
         for cmd in (["trace", mp, "--out", "-"], ["stats", mp]):
-            p = subprocess.Popen(NEURALCACHE + [str(a) for a in cmd], env=env,
+            p = subprocess.Popen(NEURALCACHE + [str(a) for a in cmd], env=quiet,
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
             p.stdout.close()
             err = p.stderr.read().decode()
@@ -333,6 +334,9 @@ def test_the_mount_raises_the_kernels_read_ahead_and_background_requests(tmp_pat
         bdi = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
         conn = Path(daemon.FUSECTL) / str(os.major(dev) << 20 | os.minor(dev))
 
+        if not os.access(bdi, os.W_OK) or not os.path.isdir(daemon.FUSECTL):
+            pytest.skip("/sys is read-only here (a container)")
+
         def knobs():
             try:
                 return (int(bdi.read_text()), int((conn / "max_background").read_text()),
@@ -340,7 +344,7 @@ def test_the_mount_raises_the_kernels_read_ahead_and_background_requests(tmp_pat
             except OSError:
                 return None
         want = (daemon.KERNEL_READAHEAD_KB, daemon.FUSE_MAX_BACKGROUND,
-                daemon.FUSE_MAX_BACKGROUND * 3 // 4)
+                daemon.FUSE_CONGESTION_THRESHOLD)
         assert eventually(lambda: knobs() == want) and knobs() == want, knobs()
         assert daemon.FUSE_MAX_BACKGROUND > 12          # the kernel's default
         with open(mp / "big.bin", "rb", buffering=0) as f:

@@ -266,8 +266,7 @@ def _is_writable(mp: str) -> bool:
 
 
 def _control(mp: str, command: str) -> str:
-    """Send ``command`` through MOUNT/.neuralcache/sync; the daemon's answer (the read
-    waits until the command is done)."""
+    """``command`` through MOUNT/.neuralcache/sync; the answer (read when it is done)."""
     path = os.path.join(mp, mounts.CONTROL_DIR, "sync")
     try:
         fd = os.open(path, os.O_RDWR)
@@ -290,7 +289,6 @@ def _control(mp: str, command: str) -> str:
 def _sync_with_progress(mp: str, command: str) -> str:
     """``_control`` while a line of progress is printed every PROGRESS_S on a terminal."""
     import threading
-
     done = threading.Event()
 
     def progress() -> None:
@@ -541,7 +539,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        rc = args.func(args)
+        sys.stdout.flush()              # (a closed pipe raises here, not at exit)
+        return rc
     except UserError as exc:
         print(f"neuralcache: error: {exc}", file=sys.stderr)
         return 1
