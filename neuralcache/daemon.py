@@ -66,13 +66,10 @@ PREFETCH_BUDGET_FRACTION = 0.5
 KERNEL_READAHEAD_KB = 16384
 # The FUSE connection's background requests (/sys/fs/fuse/connections/N/max_background;
 # the kernel's default 12, congestion at 3/4 of it): every read-ahead READ is one, and
-# once 9 are queued the kernel skips the rest of its read-ahead: a sequential read from
-# the disk cache had 3.2 READs in the daemon on average (11 at most) and none at all
-# for 43-46 % of the time; at 64 (congestion 48), 6.5-9.8 and 18-28 %.  `python -m
-# bench.tools.cachedpair --cache-root /dev/shm/x new:DIR old:DIR` (1 GiB, the cache on
-# tmpfs, 2 rounds): 1734, 1517, 1908, 1833 against 1412, 1546, 1757, 1494 MB/s.  With
-# the cache on this VM's disk, or a reader that hashes every byte (bench.breakdown),
-# the disk or the 2 cores bound it first: the same within the spread, cold reads too
+# once 9 are queued the kernel skips the rest of its read-ahead (fs/fuse/file.c,
+# fuse_readahead).  `python -m bench.tools.cachedpair --cache-root /dev/shm/x new:DIR
+# old:DIR` (1 GiB, the cache on tmpfs, 2 rounds): 1734, 1517, 1908, 1833 against 1412,
+# 1546, 1757, 1494 MB/s; with the cache on this VM's disk the disk bounds it first
 # (bench/RESULTS.md, thirty-sixth sitting).  The kernel lets the user who mounted write
 # them; fusectl is mounted only as root.
 FUSE_MAX_BACKGROUND = 64
@@ -471,7 +468,7 @@ def _tune_kernel_readahead(mp: str) -> None:
         log.debug("cannot tune kernel read-ahead: %s", exc)
         return
     try:
-        path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
+        path = kernel_knob_paths(dev)[0]
         with open(path, "w") as f:
             f.write(str(KERNEL_READAHEAD_KB))
         log.debug("kernel read-ahead %s = %d KiB", path, KERNEL_READAHEAD_KB)
@@ -480,14 +477,20 @@ def _tune_kernel_readahead(mp: str) -> None:
     _tune_max_background(dev)
 
 
+def kernel_knob_paths(dev: int) -> tuple[str, str]:
+    """The mount on ``dev``'s bdi read_ahead_kb file and its FUSE connection's fusectl
+    directory (named by the kernel's dev_t: major << 20 | minor)."""
+    return (f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb",
+            os.path.join(FUSECTL, str(os.major(dev) << 20 | os.minor(dev))))
+
+
 def _tune_max_background(dev: int) -> None:
     """FUSE_MAX_BACKGROUND for the connection of the mount on ``dev``.  The fusectl
     filesystem is where the kernel offers it; systemd mounts it at boot, a container
     may not have it: then, as root, it is mounted (``mount -t fusectl``; nothing is
     changed but that the directory shows the kernel's FUSE connections).  Never
     raises: a mount that serves goes on serving with the kernel's 12."""
-    # the connection's directory is the kernel's dev_t: major << 20 | minor
-    conn = os.path.join(FUSECTL, str(os.major(dev) << 20 | os.minor(dev)))
+    conn = kernel_knob_paths(dev)[1]
     try:
         if not os.path.isdir(conn) and os.geteuid() == 0 and os.path.isdir(FUSECTL) \
                 and not os.listdir(FUSECTL):

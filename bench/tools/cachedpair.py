@@ -11,8 +11,8 @@ file once (the disk cache fills), an unmount, the page cache dropped, a new moun
 the timed read (1 MiB reads, nothing done with the bytes); then an untimed read on the
 same mount checks every byte by xxh3 (from the page cache) and the mount goes.  Each
 round runs the checkouts in the order A B .. Z Z .. B A.  ``--cache-root`` on a tmpfs
-(/dev/shm) takes this VM's disk out of the result (its O_DIRECT reads varied 1.0-1.6
-GB/s from minute to minute); on the disk, the disk tier's reads are in it.  CODE_DIR: a
+(/dev/shm) takes this VM's disk out of the result (its speed drifts from minute to
+minute); on the disk, the disk tier's reads are in it.  CODE_DIR: a
 checkout whose neuralcache/ the daemon runs (a "before" is `git worktree add DIR REV`).
 Also printed: the FUSE connection's max_background and the mount's bdi read-ahead as
 the daemon left them.
@@ -23,7 +23,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,39 +31,19 @@ from pathlib import Path
 import xxhash
 
 from neuralcache.admin.sizes import parse_size
+from neuralcache.daemon import kernel_knob_paths
 
+from bench.systems.ncmount import mounted
 from bench.systems.pagecache import drop_page_cache
-
-CHUNK = 1 << 20
-
-
-def _nc(code: str, *args) -> None:
-    r = subprocess.run([sys.executable, "-m", "neuralcache", *map(str, args)],
-                       env=dict(os.environ, PYTHONPATH=code), cwd=code,
-                       capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        raise SystemExit(f"neuralcache {args[0]} failed: {r.stderr.strip()}")
-
-
-def _read(path: Path, h=None) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    n = 0
-    with open(path, "rb", buffering=0) as f:
-        while b := f.read(CHUNK):
-            n += len(b)
-            if h is not None:
-                h.update(b)
-    return time.perf_counter() - t0, n
+from bench.systems.reads import read_hashed
+from bench.tools.seqread import read_all
 
 
 def _knobs(mnt: Path) -> str:
-    dev = os.stat(mnt).st_dev
+    bdi, conn = kernel_knob_paths(os.stat(mnt).st_dev)
     out = []
-    for what, path in (
-            ("max_background", f"/sys/fs/fuse/connections/"
-                               f"{os.major(dev) << 20 | os.minor(dev)}/max_background"),
-            ("read_ahead_kb", f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/"
-                              "read_ahead_kb")):
+    for what, path in (("max_background", os.path.join(conn, "max_background")),
+                       ("read_ahead_kb", bdi)):
         try:
             out.append(f"{what} {Path(path).read_text().strip()}")
         except OSError:
@@ -73,25 +52,21 @@ def _knobs(mnt: Path) -> str:
 
 
 def one(code: str, src: Path, cache_root: Path, digest: str, mnt: Path) -> tuple:
+    # PYTHONSAFEPATH: `python -m` would put the working directory (this checkout)
+    # ahead of PYTHONPATH
+    env = dict(os.environ, PYTHONPATH=code, PYTHONSAFEPATH="1")
     cache = Path(tempfile.mkdtemp(prefix="cachedpair-", dir=cache_root))
+    args = ("--cache-dir", cache, "--cache-size", "4G")
     try:
-        args = ("mount", src, mnt, "--cache-dir", cache, "--cache-size", "4G")
-        _nc(code, *args)
-        try:
-            _read(mnt / "big.bin")                      # fills the disk cache
-        finally:
-            _nc(code, "umount", mnt)
+        with mounted(str(src), mnt, *args, env=env):
+            read_all(mnt / "big.bin")                   # fills the disk cache
         drop_page_cache()
-        _nc(code, *args)
-        try:
+        with mounted(str(src), mnt, *args, env=env):
             time.sleep(1.0)     # the daemon tunes the kernel in a thread once it serves
             knobs = _knobs(mnt)
-            secs, n = _read(mnt / "big.bin")
-            h = xxhash.xxh3_64()
-            _read(mnt / "big.bin", h)
-        finally:
-            _nc(code, "umount", mnt)
-        if h.hexdigest() != digest:
+            secs, n = read_all(mnt / "big.bin")
+            got = read_hashed(mnt / "big.bin")[1]
+        if got != digest:
             raise SystemExit(f"{code}: the bytes read differ from the source's")
         return n / secs / 1e6, knobs
     finally:
@@ -118,7 +93,6 @@ def main(argv=None) -> int:
     try:
         src, mnt = work / "src", work / "mnt"
         src.mkdir()
-        mnt.mkdir()
         h = xxhash.xxh3_64()
         with open(src / "big.bin", "wb") as f:
             left = size
@@ -127,14 +101,14 @@ def main(argv=None) -> int:
                 f.write(b)
                 h.update(b)
                 left -= len(b)
-        rates: dict[str, list[float]] = {label: [] for label, _ in systems}
+        results: dict[str, list[float]] = {label: [] for label, _ in systems}
         for rnd in range(a.rounds):
             for label, code in systems + systems[::-1]:
                 mbs, knobs = one(code, src, cache_root, h.hexdigest(), mnt)
-                rates[label].append(mbs)
+                results[label].append(mbs)
                 print(f"round {rnd + 1} {label:12s} {mbs:7.0f} MB/s  ({knobs})",
                       flush=True)
-        for label, r in rates.items():
+        for label, r in results.items():
             print(f"{label:12s} MB/s: {', '.join(f'{x:.0f}' for x in r)}; "
                   f"median {statistics.median(r):.0f}")
     finally:
