@@ -81,3 +81,24 @@ def test_warm_epochs_repeat_until_the_minimum_time_and_sum():
     assert samples.warm_epochs(epoch(samples.WARM_MIN_S * 3))["epochs"] == 1  # slow: one
     seeds.clear()
     assert samples.warm_epochs(epoch(0.0))["epochs"] == samples.WARM_MAX_EPOCHS
+
+
+def test_warm_epochs_run_until_the_time_or_the_count():
+    def epochs(seconds):
+        seeds = []
+
+        def epoch(seed):
+            seeds.append(seed)
+            return {"seconds": seconds, "bytes": 100, "files": 2, "verify_errors": seed == 3,
+                    "value": 0.0, "unit": "MB/s"}
+        return epoch, seeds
+    fast, seeds = epochs(0.3)
+    r = shards.warm_epochs(fast, min_s=1.0, most=5)
+    # 0.3 s each: four to pass 1 s, each a new order; the sums and their rate
+    assert seeds == [2, 3, 4, 5] and r["epochs"] == 4
+    assert r["bytes"] == 400 and r["files"] == 8 and r["verify_errors"] == 1
+    assert r["seconds"] == pytest.approx(1.2) and r["value"] == pytest.approx(400 / 1.2 / 1e6)
+    tiny, seeds = epochs(0.01)
+    assert shards.warm_epochs(tiny, min_s=1.0, most=5)["epochs"] == 5 and len(seeds) == 5
+    slow, seeds = epochs(2.0)
+    assert shards.warm_epochs(slow, min_s=1.0, most=5)["epochs"] == 1 and seeds == [2]
