@@ -36,7 +36,7 @@ from .store.blocks import BlockStore
 from .store.writeback import WRITE_BACK_S
 from .store.tiers import DiskTier, MemoryTier
 from .admin.config import MountConfig
-from .errors import BackendError, UserError
+from .errors import BackendError, UserError, first_error
 from .fs.operations import Operations
 from .meta.lister import Lister
 from .meta.rows import DB_NAME
@@ -416,8 +416,11 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 if os.environ.get("NEURALCACHE_TRACEMALLOC") in ("1", "census"):
                     n.start_soon(_memory_report_on_sigusr1,
                                  os.environ["NEURALCACHE_TRACEMALLOC"] == "1")
-                if cfg.readahead:
-                    n.start_soon(trio.to_thread.run_sync, _tune_kernel_readahead, mp)
+                if cfg.readahead:   # abandoned if the mount ends first: its stat
+                    # would wait for a FUSE loop that no longer runs
+                    n.start_soon(functools.partial(trio.to_thread.run_sync,
+                                                   _tune_kernel_readahead, mp,
+                                                   abandon_on_cancel=True))
                 if hasattr(backend, "warm_connections"):    # after ready: not on the way
                     n.start_soon(trio.to_thread.run_sync, backend.warm_connections,
                                  min(cfg.concurrency, WARM_CONNECTIONS))
@@ -573,4 +576,7 @@ def serve(cfg: MountConfig, on_ready) -> None:
     """Mount and serve until unmounted.  ``on_ready(None)`` is called once serving;
     UserError is raised (before anything is mounted) for bad input."""
     _limit_malloc_arenas()
-    trio.run(_serve, cfg, on_ready)
+    try:
+        trio.run(_serve, cfg, on_ready)
+    except BaseExceptionGroup as group:     # a UserError raised in a nursery: itself
+        raise first_error(group) from None

@@ -73,3 +73,26 @@ class NameTooLong(PathError):
 
 class FileTooBig(PathError):
     """A length past the largest object the remote accepts (S3: 5 TiB)."""
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """A trio nursery's group of errors as its first error, itself, when every error in
+    it is an ordinary Exception: the FUSE edge's errno table, the readers' ``except
+    NotFound`` and the CLI's ``except UserError`` match by type, and the group (trio's
+    strict groups: one task of a multi-block read failing with VersionChanged, a
+    UserError raised inside the daemon's nursery) would match none of them (EIO, an
+    "internal error").  The group itself if it holds a Cancelled or KeyboardInterrupt:
+    trio's to unwind."""
+    leaves = list(_leaves(group))
+    if leaves and all(isinstance(e, Exception) for e in leaves):
+        return leaves[0]
+    return group
+
+
+def _leaves(group: BaseExceptionGroup):
+    """The errors of a group and of the groups in it, depth first, in order."""
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            yield from _leaves(e)
+        else:
+            yield e

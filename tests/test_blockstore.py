@@ -10,7 +10,7 @@ from neuralcache.backends.posix import PosixBackend
 from neuralcache.store.blocks import BlockStore, Pinned
 from neuralcache.store.writeback import WRITE_BACK_WRITERS
 from neuralcache.store.tiers import BlockKey, DiskTier, MemoryTier
-from neuralcache.errors import NotFound, Unavailable
+from neuralcache.errors import NotFound, Unavailable, VersionChanged
 from neuralcache.stats import Stats
 
 from conftest import payload
@@ -96,6 +96,45 @@ def test_reads_across_blocks_and_end_of_file(tmp_path):
         assert await store.read(obj, 3 * BS + 50, 1000) == data[3 * BS + 50:]
 
     run_with_store(store, fn)
+
+
+class FailingBlockBackend(CountingBackend):
+    """Every read of the object's second block fails with ``exc``."""
+
+    def __init__(self, root, exc):
+        super().__init__(root, delay=0)
+        self.exc = exc
+
+    def read(self, key, offset, length, version):
+        if offset == BS:
+            raise self.exc
+        return super().read(key, offset, length, version)
+
+
+@pytest.mark.parametrize("exc", [VersionChanged("changed"), NotFound("gone"),
+                                 Unavailable("no answer")])
+def test_a_read_across_blocks_fails_with_the_blocks_own_error(tmp_path, exc):
+    """One block of a read that spans two fails: the read raises that error itself, as
+    a one-block read does (the FUSE edge maps it by type: ESTALE, ENOENT; a rename's
+    reader catches NotFound), not trio's group of the read's tasks (EIO)."""
+    data = payload(10, 3 * BS)
+    be, store, obj = make(tmp_path, data, delay=0)
+    store.backend = FailingBlockBackend(str(tmp_path / "src"), exc)
+
+    async def fn():
+        with pytest.raises(type(exc)):
+            await store.read(obj, BS, 10)              # the block alone
+        with pytest.raises(type(exc)):
+            await store.read(obj, BS - 10, 30)         # across the first two
+    run_with_store(store, fn)
+
+
+def test_first_error_unwraps_a_group_of_ordinary_errors_only():
+    from neuralcache.errors import first_error
+    e = NotFound("x")
+    assert first_error(ExceptionGroup("g", [ExceptionGroup("h", [e]), ValueError()])) is e
+    g = BaseExceptionGroup("g", [e, KeyboardInterrupt()])
+    assert first_error(g) is g                         # trio's to unwind
 
 
 def test_disk_tier_serves_after_memory_eviction_and_restart(tmp_path):

@@ -24,7 +24,7 @@ from ..store.pinned import Pinned, read_following
 from ..errors import (AlreadyExists, DirectoryNotEmpty, FileTooBig, InvalidChange,
                       IsADirectory, JournalError, JournalFull, NameTooLong, NotADirectory,
                       NotFound, NotSupported, PermissionDenied, Unavailable, UserError,
-                      VersionChanged)
+                      VersionChanged, first_error)
 from ..backends.base import NAME_MAX
 from ..meta.rows import Row
 from ..namespace import ROOT_INODE, Namespace, Node
@@ -85,6 +85,8 @@ def _edge(fn):
         except (pyfuse3.FUSEError, trio.Cancelled, KeyboardInterrupt):
             raise
         except Exception as exc:  # the edge: translate, never let it escape
+            if isinstance(exc, BaseExceptionGroup):     # a nursery's: its first error
+                exc = first_error(exc)
             code = _errno_for(exc)
             if code == errno.EIO and not isinstance(exc, Unavailable):
                 log.exception("unexpected error in %s", fn.__name__)

@@ -28,7 +28,7 @@ from . import writeback
 from .pinned import Pinned
 from .speculative import STAGE_FRACTION, Ledger
 from .tiers import BlockKey, DiskTier, MemoryTier
-from ..errors import BackendError, Unavailable
+from ..errors import BackendError, Unavailable, first_error
 from ..stats import Stats
 
 log = logging.getLogger(__name__)
@@ -270,9 +270,12 @@ class BlockStore:
             async def one(i: int) -> None:
                 parts[i - first], hits[i - first] = await self.get(obj, i)
 
-            async with trio.open_nursery() as n:
-                for i in range(first, last + 1):
-                    n.start_soon(one, i)
+            try:
+                async with trio.open_nursery() as n:
+                    for i in range(first, last + 1):
+                        n.start_soon(one, i)
+            except BaseExceptionGroup as group:   # a block's error as itself, as the
+                raise first_error(group) from None  # one-block read raises it
             hit = all(hits)
             last_base = last * self.block_size
             parts[0] = memoryview(parts[0])[off - base:]
