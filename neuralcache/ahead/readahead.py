@@ -46,14 +46,20 @@ SEQ_SLACK = 32 << 20
 # 1 MiB random reads started 13 false streams with the slack backwards too, 7 without
 # (tests/test_readahead.py test_random_1mib_reads_do_not_start_read_ahead's count).
 START_SLACK = 1 << 20
+# How far behind the furthest read an established stream still takes a READ inside what
+# it read: the kernel keeps up to daemon.py's FUSE_MAX_BACKGROUND (64) READs of up to
+# 1 MiB in flight, and one answered late comes up to that far behind (one 33 MiB behind
+# started a new stream at SEQ_SLACK alone, whose close then kept 9 of 25 blocks).  A
+# read further back is a seek (a second pass over the file from its start).
+LATE_MAX = 64 << 20
 # Contiguous reads that establish a stream (a file's first read at offset 0 counts).
 STREAK_MIN = 2
 
 
 class ReadAhead:
     __slots__ = ("block_size", "max_blocks", "next_off", "window", "ahead_upto",
-                 "streak_bytes", "streak_t0", "streak", "stream_start", "behind_upto",
-                 "touched")
+                 "streak_bytes", "streak_t0", "streak", "stream_start", "first_off",
+                 "behind_upto", "touched")
 
     def __init__(self, block_size: int, max_bytes: int = DEFAULT_MAX_BYTES):
         self.block_size = block_size
@@ -65,6 +71,7 @@ class ReadAhead:
         self.streak_t0: float | None = None   # set by the first read
         self.streak = 0              # contiguous reads so far in this stream
         self.stream_start = 0        # where the current stream began
+        self.first_off = 0           # ... or a read carried into it (see on_read)
         self.behind_upto = 0         # blocks below this were reported by behind()
         # blocks this stream has read from, not yet reported by behind() (a handful:
         # behind() lets them go 32 MiB behind the furthest read)
@@ -73,14 +80,17 @@ class ReadAhead:
     def on_read(self, off: int, size: int, nblocks: int, latency_s: float,
                 now: float | None = None) -> range:
         """Record a read; return the block indexes to request ahead now."""
-        if self.max_blocks == 0 or nblocks == 0:
+        if nblocks == 0:
             return range(0)
         now = time.monotonic() if now is None else now
         if self.streak_t0 is None:
             self.streak_t0 = now
         cur = off // self.block_size
         if self.streak >= STREAK_MIN:
-            sequential = abs(off - self.next_off) <= SEQ_SLACK
+            # (or a READ inside what the stream read, up to LATE_MAX behind: one of
+            # those in flight, answered late)
+            sequential = abs(off - self.next_off) <= SEQ_SLACK \
+                or self.stream_start <= off < self.next_off <= off + LATE_MAX
         else:
             # a young stream: within START_SLACK of where it got to, inside what it
             # read, or ending exactly where it began (the kernel's READs of one
@@ -90,11 +100,16 @@ class ReadAhead:
                 or off + size == self.stream_start
         read = range(cur, (off + max(size, 1) - 1) // self.block_size + 1)
         if not sequential:
-            # a stream of one read just past this one (a batch's READs out of order,
-            # 3, 0, 1, 2): its bytes count for ``finished`` in the stream begun here
-            carry = self.streak == 1 and 0 < self.stream_start - off <= SEQ_SLACK
+            # a stream of one read near this one (a batch's READs out of order, 3, 0,
+            # 1, 2 or 0, 3, 1, 2): its bytes count for ``behind`` and ``finished`` in
+            # the stream begun here, from ``first_off`` (the lowest such read); what
+            # counts as sequential (``stream_start``) does not widen with it
+            carry = self.streak == 1 and 0 < abs(self.stream_start - off) <= SEQ_SLACK
             self.touched = self.touched.union(read) if carry else set(read)
             self.streak_bytes = self.streak_bytes + size if carry else size
+            self.first_off = min(self.first_off, off) if carry else off
+            if not carry:            # a new stream: its blocks are reported anew
+                self.behind_upto = 0
             self.next_off = off + size
             self.stream_start = off
             self.window = MIN_BLOCKS
@@ -105,12 +120,15 @@ class ReadAhead:
         self.next_off = max(self.next_off, off + size)
         if off < self.stream_start:         # a READ of the batch that began the stream
             self.stream_start = off
+        self.first_off = min(self.first_off, off)
         self.touched.update(read)
         self.streak += 1
         if self.streak < STREAK_MIN:
             self.streak_bytes += size
             return range(0)
         self.streak_bytes += size
+        if self.max_blocks == 0:     # read-ahead off (below a block): tracked only
+            return range(0)
         # every sequential read once the stream is established doubles the window (the
         # kernel reads 1 MiB at a time: a large file reaches full depth in a few MiB)
         self.window = min(self._target_blocks(latency_s, now), self.window * 2)
@@ -121,21 +139,23 @@ class ReadAhead:
         self.ahead_upto = stop
         return range(start, stop)
 
-    def behind(self) -> range:
+    def behind(self) -> list[int]:
         """Blocks an established stream has read and left behind, each reported once:
-        wholly inside the stream and more than SEQ_SLACK before its furthest read,
-        where a read would count as a seek (the kernel's own read-ahead arrives out of
-        order within its window).  The page cache holds their bytes now; the memory
+        wholly inside the stream, more than SEQ_SLACK before its furthest read (where
+        a read would count as a seek: the kernel's own read-ahead arrives out of order
+        within its window), and read from by it (not one a stray read before the
+        stream's start spanned).  The page cache holds their bytes now; the memory
         tier may let them go."""
         if self.streak < STREAK_MIN:
-            return range(0)
-        first = max(self.behind_upto, -(-self.stream_start // self.block_size))
+            return []
+        first = max(self.behind_upto, -(-self.first_off // self.block_size))
         upto = (self.next_off - SEQ_SLACK) // self.block_size
         if upto <= first:
-            return range(0)
+            return []
         self.behind_upto = upto
-        self.touched.difference_update(range(first, upto))
-        return range(first, upto)
+        out = [i for i in range(first, upto) if i in self.touched]
+        self.touched.difference_update(out)
+        return out
 
     def finished(self, nblocks: int, size: int) -> list[int]:
         """At close: the blocks not yet reported by ``behind`` of a file whose last
@@ -143,7 +163,7 @@ class ReadAhead:
         now: as many bytes read as the file has, a gap within SEQ_SLACK counted as
         read, as in ``on_read``), each one the stream read from; nothing for a file
         read in part, or whose last stream began past its first byte."""
-        if self.streak < STREAK_MIN or self.stream_start != 0 or self.next_off < size \
+        if self.streak < STREAK_MIN or self.first_off != 0 or self.next_off < size \
                 or self.streak_bytes < size:      # (a header, then the tail: review)
             return []
         first, self.behind_upto = self.behind_upto, max(self.behind_upto, nblocks)
