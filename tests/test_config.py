@@ -171,3 +171,19 @@ def test_the_cli_starts_without_the_daemon_s_imports():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split(maxsplit=1)
     assert out == ["1", "[]\n"], out
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["stats", "--help"]])
+def test_help_into_a_closed_pipe_exits_1_without_a_traceback(args):
+    """`neuralcache --help | true`: argparse writes the text itself, into a pipe whose
+    reader is gone (review: a BrokenPipeError traceback, or exit 120 with "Exception
+    ignored"); and a usage error still exits 2."""
+    import subprocess
+    from conftest import NEURALCACHE
+    p = subprocess.Popen(NEURALCACHE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 1 and "Traceback" not in err and "Exception" not in err
+    bad = subprocess.run(NEURALCACHE + ["stats"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage:" in bad.stderr

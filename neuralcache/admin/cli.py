@@ -535,25 +535,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
     try:
-        rc = args.func(args)
+        try:        # (argparse prints --help / --version itself, then SystemExit)
+            rc = (args := build_parser().parse_args(argv)).func(args)
+        except UserError as exc:
+            print(f"neuralcache: error: {exc}", file=sys.stderr)
+            rc = 1
+        except KeyboardInterrupt:
+            rc = 130
+        except SystemExit:
+            sys.stdout.flush()
+            raise
         sys.stdout.flush()              # (a closed pipe raises here, not at exit)
         return rc
-    except UserError as exc:
-        print(f"neuralcache: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:     # the reader went away (`... | head`): no traceback,
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
