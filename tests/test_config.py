@@ -178,10 +178,11 @@ def test_help_into_a_closed_pipe_exits_1_without_a_traceback(args):
     """`neuralcache --help | true`: argparse writes the text itself, into a pipe whose
     reader is gone (review: a BrokenPipeError traceback, or exit 120 with "Exception
     ignored"); and a usage error still exits 2."""
+    import os
     import subprocess
     from conftest import NEURALCACHE
     p = subprocess.Popen(NEURALCACHE + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         env={**__import__("os").environ, "PYTHONUNBUFFERED": "1"})
+                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 1 and "Traceback" not in err and "Exception" not in err
