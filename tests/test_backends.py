@@ -182,6 +182,41 @@ def test_s3_every_reset_request_is_one_counted_retry(seaweed, s3, monkeypatch):
     assert resets > 0 and retries == resets, (resets, retries)
 
 
+def test_s3_small_reads_on_the_trio_thread(backend, monkeypatch):
+    """read_async (s3trio.py) signs its own GETs: SeaweedFS checks the signature, the
+    range and the If-Match version, so each answer below is the server's word; anything
+    but the bytes is left to read() (None), and a transport failure counts a retry."""
+    if not hasattr(backend, "native_stats"):
+        pytest.skip("S3 only")
+    import trio
+    from neuralcache.backends import s3trio
+    key = "train/class1/c d ü.bin"                # a key that needs quoting
+    data = FILES[key]
+    assert trio.run(backend.read_async, key, 0, 10, "") is None   # region not settled
+    backend.check()
+    info = backend.stat(key)
+
+    async def reads():
+        out = [await backend.read_async(key, 10, 2000, info.version),
+               await backend.read_async(key, 0, len(data), info.version),   # reused
+               await backend.read_async(key, 0, 10, "0123456789abcdef0123456789abcdef"),
+               await backend.read_async("nope.bin", 0, 10, ""),
+               await backend.read_async(key, 0, len(data) + 5, "")]         # short
+        return out
+    got = trio.run(reads)
+    assert got[:4] == [data[10:2010], data, None, None]
+    assert got[4] is None
+    st = backend.native_stats()
+    assert st["trio_gets"] == 2 and st["trio_fallbacks"] == 3
+    assert backend.retries == 1                   # the short answer: a transport failure
+    assert trio.run(backend.read_async, key, 0, s3trio.MAX_BYTES + 1, "") is None
+    # a wrong secret: SeaweedFS refuses the signature (so the right one was checked)
+    creds = backend._session.get_credentials()
+    monkeypatch.setattr(creds, "secret_key", "x" * 40)
+    assert trio.run(backend.read_async, key, 0, 10, info.version) is None
+    assert backend.native_stats()["trio_gets"] == 2
+
+
 def test_s3_small_reads_go_native_and_fall_back(backend, monkeypatch):
     """GETs up to 1 MiB go through obstore (s3native.py) with the same range and
     version pinning; anything it cannot do is served by the Python path."""

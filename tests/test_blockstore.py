@@ -259,6 +259,57 @@ def test_a_speculative_small_block_is_stored_by_the_thread_that_fetched_it(tmp_p
     assert be2.calls == [] and store2.stats.disk_hits == 2
 
 
+class LoopBackend(CountingBackend):
+    """A backend with reads on the trio thread (as s3.py's read_async) that answers
+    blocks at even offsets itself and leaves the odd ones to read() (None)."""
+
+    def __init__(self, root):
+        super().__init__(root, 0)
+        self.on_loop = []
+
+    async def read_async(self, key, offset, length, version):
+        trio.lowlevel.current_task()             # on the trio thread
+        await trio.sleep(0.01)
+        if (offset // BS) % 2:
+            return None
+        self.on_loop.append(offset // BS)
+        return PosixBackend.read(self, key, offset, length, version)   # (not counted)
+
+
+def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
+    """A speculative load the backend answers on the trio thread is still stored on
+    disk by a thread; a demand read takes the same way first; a None falls back to
+    read() in a thread.  Every byte is checked, and again from the disk on a fresh
+    store."""
+    data = payload(15, 4 * BS)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(data)
+    be = LoopBackend(str(src))
+    info = be.stat("f.bin")
+    disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
+    disk.load()
+    store = BlockStore(be, MemoryTier(1 << 20), disk, Stats(), block_size=BS, concurrency=8)
+    obj = Pinned(info.key, info.version, info.size)
+
+    async def fn():
+        assert store.prefetch(obj, 0, lim.PREFETCH) and store.prefetch(obj, 1, lim.PREFETCH)
+        await settle(store)
+        assert store.disk.contains(BlockKey(obj.key, obj.version, 0))
+        assert store.disk.contains(BlockKey(obj.key, obj.version, 1))
+        assert await store.read(obj, 2 * BS, 2 * BS) == data[2 * BS:]   # demand
+        assert await store.read(obj, 0, 2 * BS) == data[:2 * BS]
+    run_with_store(store, fn)
+    assert sorted(be.on_loop) == [0, 2]
+    assert sorted(c[1] // BS for c in be.calls) == [1, 3]          # read(), in threads
+    be2, store2, obj2 = make(tmp_path, data, delay=0)
+
+    async def fn2():
+        return await store2.read(obj2, 0, len(data))
+    assert run_with_store(store2, fn2) == data
+    assert be2.calls == [] and store2.stats.disk_hits == 4
+
+
 def test_missing_object_error_reaches_reader_only(tmp_path):
     data = payload(13, BS)
     be, store, obj = make(tmp_path, data, delay=0)

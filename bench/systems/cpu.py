@@ -104,17 +104,25 @@ THREAD_LABELS = {"main": "trio loop (main)", "Trio thread": "trio workers"}
 def thread_cpu(pid: int) -> dict[str, float]:
     """The process's CPU seconds so far by thread group: its threads' names (``comm``)
     with digits dropped, so "Trio thread 12" and "Trio thread 3" add up, and tokio's
-    runtime workers (obstore) are one group.  A thread that exited is not counted."""
+    runtime workers (obstore) are one group.  A thread that exited is not counted.
+    Each thread's time is its ``schedstat`` run time (ns): /proc's stat counts whole
+    clock ticks per thread, and a hundred worker threads busy a few ms each showed a
+    tenth of what they used (bench/RESULTS.md, thirty-eighth sitting)."""
     out: dict[str, float] = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = "".join(c for c in f.read().strip() if not c.isdigit()).strip()
-            fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    secs = int(f.read().split()[0]) / 1e9
+            except (OSError, IndexError, ValueError):     # a kernel without it
+                fields = _stat(f"/proc/{pid}/task/{tid}/stat")
+                secs = (int(fields[11]) + int(fields[12])) / TICK
         except OSError:
             continue
         name = THREAD_LABELS.get("main" if tid == str(pid) else name, name)
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICK
+        out[name] = out.get(name, 0.0) + secs
     return out
 
 

@@ -224,12 +224,11 @@ def report(rows: dict) -> str:
         th = r.get("threads", {})
         threads = ", ".join(f"{k} {v / per:.3f}" for k, v in sorted(
             th.items(), key=lambda kv: -kv[1]))
-        # /proc gives each thread's CPU in whole clock ticks, so a hundred fetch
-        # threads busy a few ms each show next to nothing; the process total does not
-        # round per thread (nor lose threads that exited)
+        # threads: their schedstat run time (bench/systems/cpu.py); the process total
+        # (os.times) also holds threads that exited, and is sampled per clock tick
         rest = r["cpu"].get("total", 0.0) - sum(th.values())
         if th and rest > 0:
-            threads += f"; not in these (tick rounding per thread, exited threads) " \
+            threads += f"; not in these (exited threads, the total's tick sampling) " \
                        f"{rest / per:.3f}"
         lines.append(f"{name}: CPU by thread ({unit}): {threads}")
         pf = r.get("prefetch", {})

@@ -1,8 +1,8 @@
 """``python -m bench.micro small-gets``: CPU per 100 KB GET with many in flight over the
-emulated WAN, the daemon's way (trio, a worker thread per GET blocking in obstore's
-``get``) against one asyncio thread running obstore's ``get_async`` for trio (results
-handed back with ``run_sync_soon``): whether an event loop beside trio would spend less
-per small file than the hundred fetch threads do."""
+emulated WAN, three ways: a worker thread per GET blocking in obstore's ``get`` (the
+daemon's way until the thirty-eighth sitting, still its fallback), one asyncio thread
+running obstore's ``get_async`` for trio (results handed back with ``run_sync_soon``),
+and the daemon's GETs on the trio thread itself (neuralcache/backends/s3trio.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -90,6 +90,37 @@ def _asyncio(store, keys, digests, inflight: int) -> int:
     return wrong
 
 
+def _on_trio(target: tuple[str, dict], keys, digests, inflight: int) -> int:
+    """(endpoint URL, credentials env): its connections are opened anew in each call,
+    which the other ways do not pay for."""
+    from types import SimpleNamespace
+
+    import trio
+    import xxhash
+
+    from neuralcache.backends.s3trio import TrioGets
+    url, env = target
+    creds = SimpleNamespace(access_key=env["AWS_ACCESS_KEY_ID"],
+                            secret_key=env["AWS_SECRET_ACCESS_KEY"], token=None)
+    wrong = 0
+
+    async def main():
+        gets, sem = TrioGets(), trio.Semaphore(inflight)
+
+        async def one(k):
+            nonlocal wrong
+            async with sem:
+                data = await gets.read(creds, "us-east-1", f"{url}/micro/{k}", 0, SIZE, "")
+            wrong += not isinstance(data, bytes) or \
+                xxhash.xxh3_64_intdigest(data) != digests[k]
+        async with trio.open_nursery() as n:
+            for k in keys:
+                n.start_soon(one, k)
+        gets.close()
+    trio.run(main)
+    return wrong
+
+
 def small_gets(n: int, inflight: list[int], rtt_ms: float, rounds: int) -> None:
     import xxhash
 
@@ -112,12 +143,14 @@ def small_gets(n: int, inflight: list[int], rtt_ms: float, rounds: int) -> None:
               f"whole process's (trio, threads, tokio, asyncio; xxh3 of each answer)")
         with WanProxyProcess(f"127.0.0.1:{sw.s3_port}", rtt_ms=rtt_ms) as proxy:
             for r in range(rounds):
-                ways = [("threads (daemon)", _threads), ("asyncio thread", _asyncio)]
+                ways = [("threads (obstore)", _threads), ("asyncio thread", _asyncio),
+                        ("trio thread", _on_trio)]
                 if r % 2:
                     ways.reverse()
                 for k in inflight:
                     for name, fn in ways:
-                        store = obstore_store("micro", proxy.endpoint, env)
+                        store = (proxy.endpoint, env) if fn is _on_trio else \
+                            obstore_store("micro", proxy.endpoint, env)
                         fn(store, keys[:k], digests, k)        # its connections up
                         c0, t0 = _cpu(), time.perf_counter()
                         wrong = fn(store, keys, digests, k)

@@ -38,7 +38,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.httpsession import get_cert_path
 
-from . import retry, s3native
+from . import retry, s3native, s3trio
 from ..buffers import RECYCLE_MIN, read_into
 from ..errors import NotFound, PermissionDenied, Unavailable, UserError, VersionChanged
 from .base import ObjectInfo, valid_key, walk_parallel
@@ -184,6 +184,8 @@ class S3Backend(S3Writes, S3List):
             self._native = s3native.NativeGets(
                 session, bucket, endpoint_url,
                 virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))
+        # Small GETs on the trio thread (s3trio.py, ``read_async``): the same rules.
+        self._trio = s3trio.TrioGets() if self.NATIVE_GETS and s3trio.wanted() else None
 
     def _make_client(self, region: str):
         return self._session.client("s3", endpoint_url=self.endpoint_url, region_name=region,
@@ -492,13 +494,40 @@ class S3Backend(S3Writes, S3List):
         return self._call(f"read {key}@{offset}+{length}",
                           lambda: self._direct_read(key, offset, length, version))
 
+    async def read_async(self, key: str, offset: int, length: int,
+                         version: str) -> bytes | None:
+        """``read`` of at most s3trio.MAX_BYTES on the trio thread, or None: call
+        ``read`` (in a thread) instead.  Never raises a domain error: an answer that
+        means one (404, 412, a region redirect) is left to ``read``."""
+        t = self._trio
+        if t is None or not self._region_settled or not 0 < length <= s3trio.MAX_BYTES:
+            return None
+        creds = self._session.get_credentials()
+        # a renewal (assume-role, SSO, instance metadata) is network I/O: the thread
+        # path's to make, never the trio thread's
+        if creds is None or (hasattr(creds, "refresh_needed") and creds.refresh_needed()):
+            return None
+        region, base = self._target
+        data = await t.read(creds.get_frozen_credentials(), region,
+                            base + "/" + quote(self.prefix + key, safe="/~"),
+                            offset, length, version)
+        if data is s3trio.FAILED:           # the thread path is its retry
+            with self._lock:
+                self.retries += 1
+            return None
+        return data
+
     def native_stats(self) -> dict:
-        n = self._native
+        n, t = self._native, self._trio
         return {"native_gets": n.used if n else 0,
-                "native_fallbacks": n.fell_back if n else 0}
+                "native_fallbacks": n.fell_back if n else 0,
+                "trio_gets": t.used if t else 0,
+                "trio_fallbacks": t.fell_back if t else 0}
 
     def close(self) -> None:
         try:
+            if self._trio is not None:
+                self._trio.close()
             self._pool.clear()
             self._client.close()
         except Exception:  # closing is best effort

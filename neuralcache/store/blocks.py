@@ -74,13 +74,13 @@ DISK_THREADS = 8
 # typically has (DEFAULT_RESERVED_FOR_DEMAND).  Past it a hedge waits for one.
 HEDGE_THREADS = 2 * DEFAULT_RESERVED_FOR_DEMAND
 # A speculative load of a block up to this size writes it to the disk tier in the
-# thread that fetched it, not through the background writers: one thread hand-off
-# per cold small file instead of two (~65 us of CPU each here, measured with a bare
-# trio.to_thread.run_sync loop).  1 MiB: a disk write of it (~0.1-0.5 ms) is small
-# beside the GET it follows, and no demand reader waits for it (a reader that joins
-# the load meanwhile waits that much longer).  At most DISK_THREADS such writes run at
-# once; a block that finds them all busy goes through the writers.  0: every block
-# goes through the writers.
+# thread of its GET (or, after a GET on the trio thread, in one thread job), not
+# through the background writers: one thread hand-off per cold small file instead of
+# two (~65 us of CPU each, a bare trio.to_thread.run_sync loop).  1 MiB: a disk write
+# of it (~0.1-0.5 ms) is small beside the GET, and no demand reader waits for it (one
+# that joins the load meanwhile waits that much longer).  At most DISK_THREADS such
+# writes at once; a block that finds them all busy, and every block at 0, goes
+# through the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
 # How long a staged load's thread waits for one of those write slots (the disk sets
 # staging's pace) before it gives up: a disk that takes longer than this per write is
@@ -115,6 +115,7 @@ class BlockStore:
                  reserved: int = DEFAULT_RESERVED_FOR_DEMAND,
                  hedge_max_s: float = hedge.HEDGE_MAX_S):
         self.backend, self.mem, self.disk, self.stats = backend, mem, disk, stats
+        self._read_async = getattr(backend, "read_async", None)   # (s3.py has it)
         self.block_size = block_size
         self.hedge_max_s = hedge_max_s
         self.limiter = lim.PriorityLimiter(concurrency, min(reserved, concurrency - 1),
@@ -530,22 +531,22 @@ class BlockStore:
 
     async def _fetch(self, bk: BlockKey, obj: Pinned, off: int, length: int,
                      flight: _Flight) -> bytes:
-        """One ranged read.  A speculative one of a block of at most
-        INLINE_DISK_WRITE_MAX, or a staged one of any size, also writes it to the disk
-        tier in its thread (``flight.stored``).  A read a reader waits on is hedged
-        when it takes much longer than usual (store/hedge.py): from the start for a
-        demand read, from when a reader joins for a speculative one."""
+        """One ranged read, on this thread where the backend can (backends/s3trio.py).
+        A speculative one of at most INLINE_DISK_WRITE_MAX, or a staged one, also goes
+        to the disk tier in a thread (``flight.stored``).  One a reader waits on is hedged
+        when slow (store/hedge.py): a demand read from the start, else from a join."""
         def read():
             return self._remote_read(obj, off, length)
+        on_loop = None if self._read_async is None else (     # s3trio.py, where it can
+            lambda: self._read_async(obj.key, off, length, obj.version))
 
         if not flight.joined:
             inline = self.disk is not None and (length <= INLINE_DISK_WRITE_MAX or
                                                 flight.stage)
 
             def slot() -> bool:
-                # at most DISK_THREADS at once.  Not staged: never waiting; past that (a
-                # slow disk), the block goes to the background writers and their bound.
-                # Staged: waiting (the disk sets the pace), unless a reader joins.
+                # at most DISK_THREADS at once.  Not staged: never waiting (past it, the
+                # writers' queue).  Staged: waiting (the disk's pace) unless one joins.
                 if not flight.stage:
                     return self._inline_writes.acquire(False)
                 give_up = time.monotonic() + STAGE_SLOT_WAIT_S
@@ -554,8 +555,7 @@ class BlockStore:
                         return False
                 return True
 
-            def read_and_store():
-                data = read()
+            def store(data: bytes) -> bytes:
                 if (inline and len(data) == length and not flight_running.ended
                         and slot()):     # (ended: a hedge answered; not wanted)
                     try:
@@ -565,14 +565,23 @@ class BlockStore:
                     finally:
                         self._inline_writes.release()
                 return data
+
+            async def first() -> bytes:
+                # the disk write, or the GET the loop could not make, in a thread
+                async with self._backend_threads:
+                    data = await on_loop() if on_loop is not None else None
+                if data is not None and not inline:
+                    return data
+                return await trio.to_thread.run_sync(
+                    store if data is not None else lambda _: store(read()), data,
+                    limiter=self._backend_threads, abandon_on_cancel=True)
             flight.running = flight_running = hedge.Running()
             try:
-                return await flight.running.run(lambda: trio.to_thread.run_sync(
-                    read_and_store, limiter=self._backend_threads, abandon_on_cancel=True))
+                return await flight.running.run(first)
             finally:
                 flight.running = None
         return await hedge.demand(read, self.hedge_delay(), self.stats, f"{obj.key} @{off}",
-                                  self._hedge_threads)
+                                  self._hedge_threads, on_loop)
 
     def _remote_read(self, obj: Pinned, off: int, length: int) -> bytes:
         """The backend's read (blocking: a worker thread's), its CPU counted as fetch."""

@@ -63,23 +63,28 @@ def delay(stats: Stats, max_s: float = HEDGE_MAX_S) -> float:
 
 
 async def demand(read: Callable[[], bytes], delay_s: float, stats: Stats, what: str,
-                 limiter: trio.CapacityLimiter) -> bytes:
+                 limiter: trio.CapacityLimiter,
+                 first: Callable[[], Awaitable[bytes | None]] | None = None) -> bytes:
     """``read()`` (blocking) in a thread for a waiting reader, hedged every ``delay_s``
     (hedges' threads from ``limiter``) up to HEDGES times; the first answer wins.  It
     fails only once every attempt started has failed (each after the backend's own
-    retries)."""
+    retries).  ``first``: the first attempt's read on this thread, None when it cannot
+    (then ``read()`` in a thread)."""
     send, recv = trio.open_memory_channel(HEDGES + 1)
 
-    async def attempt(lim):
+    async def attempt(lim, on_loop=None):
         try:
-            res = ("ok", await trio.to_thread.run_sync(read, abandon_on_cancel=True,
-                                                       limiter=lim))
+            data = await on_loop() if on_loop is not None else None
+            if data is None:
+                data = await trio.to_thread.run_sync(read, abandon_on_cancel=True,
+                                                     limiter=lim)
+            res = ("ok", data)
         except BackendError as exc:
             res = ("err", exc)
         send.send_nowait(res)
 
     async with trio.open_nursery() as n:
-        n.start_soon(attempt, None)         # (trio's default thread limiter, as before)
+        n.start_soon(attempt, None, first)  # (trio's default thread limiter, as before)
         started, failed = 1, 0
         next_at = trio.current_time() + delay_s
         while True:

@@ -1,0 +1,339 @@
+"""Small ranged GETs on the trio thread itself: SigV4-signed HTTP/1.1 over trio sockets,
+beside the worker-thread paths of s3native.py (obstore) and s3.py (urllib3).
+
+Why: a worker thread blocked in a GET costs hand-offs (trio -> thread -> the client's
+runtime -> thread -> trio) and, with a hundred of them in flight, a convoy on the GIL.
+``python -m bench.micro small-gets`` (2,000 GETs of 100 KB over the 60 ms link, whole
+process CPU) measured 0.37-0.44 ms per GET for a worker thread blocking in obstore
+against 0.14 for this path at 128 in flight, and 0.46-0.49 against 0.19-0.20 at 16
+(bench/RESULTS.md, "thirty-eighth sitting").  On the trio thread the answers of many
+sockets come back from one epoll wait, with no thread to wake.
+
+It changes no guarantee: the same URL (the backend's region and addressing), byte range
+and ``If-Match`` version.  Anything but a complete 200/206 answer of exactly the length
+asked (a 404, a 412, a redirect, a 5xx, a reset, a timeout, chunked encoding) returns
+None and the caller takes the thread path, which knows the error table, the region
+rules and the retries; so a 404 is still NotFound and a 412 VersionChanged.  After
+``FAILS_BEFORE_PAUSE`` transport failures in a row this path rests for ``PAUSE_S``.
+Credentials a provider would have to renew (network I/O, which must not run on the trio
+thread) also send the GET the thread path's way.  Off with ``NEURALCACHE_TRIO_GET=0``.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import logging
+import os
+import socket
+import ssl
+import time
+from urllib.parse import urlsplit
+
+import trio
+
+log = logging.getLogger(__name__)
+
+# Largest GET taken this way: s3native.NATIVE_MAX_BYTES's bound (1 MiB), for the same
+# reason: the per-request costs are what this path saves, and at the 8 MiB block the
+# urllib3 path reads into recycled buffers (s3.py).
+MAX_BYTES = 1 << 20
+# Whole-request timeout: s3.py's READ_TIMEOUT_S, so a stalled answer costs no more than
+# on the thread path (which then serves it).
+TIMEOUT_S = 5.0
+# s3native.py's rest rule, for the same reason: a refusing endpoint costs at most this
+# many extra attempts per PAUSE_S.
+FAILS_BEFORE_PAUSE = 3
+PAUSE_S = 60.0
+# An idle keep-alive connection older than this is closed rather than reused: servers
+# drop idle ones (S3 after ~20 s, SeaweedFS after its idle timeout), and a GET sent on
+# a dropped one is a wasted round trip.  urllib3 keeps no such clock; 15 s is under S3's.
+IDLE_MAX_S = 15.0
+# Idle connections kept per host; the block store's thread limiter (128 by default)
+# bounds how many are in use.
+IDLE_KEEP = 256
+# Bytes of response head read at most (S3's are ~500).
+HEAD_MAX = 16 << 10
+# What read() returns for an attempt that failed in transport (the thread path then
+# serves it, and the backend counts it as a retry).
+FAILED = object()
+
+
+def wanted() -> bool:
+    return os.environ.get("NEURALCACHE_TRIO_GET", "1") != "0"
+
+
+class Signer:
+    """AWS Signature V4 for a GET with an unsigned payload (what the AWS docs, "Signature
+    Calculations for the Authorization Header", require: host and the x-amz-* headers;
+    Range and If-Match need not be signed).  The day's signing key is kept."""
+
+    def __init__(self):
+        self._key: tuple = (None, None)
+        self._second: tuple = (None, "")      # (this second, its x-amz-date)
+
+    def _signing_key(self, secret: str, day: str, region: str) -> bytes:
+        if self._key[0] != (secret, day, region):
+            k = hmac.new(("AWS4" + secret).encode(), day.encode(), hashlib.sha256).digest()
+            for part in (region, "s3", "aws4_request"):
+                k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+            self._key = ((secret, day, region), k)
+        return self._key[1]
+
+    def headers(self, creds, region: str, host: str, path: str,
+                now: dt.datetime | None = None) -> str:
+        """The signing headers of ``GET path`` as HTTP header lines."""
+        if now is None:
+            second = int(time.time())
+            if second != self._second[0]:
+                self._second = (second, time.strftime("%Y%m%dT%H%M%SZ",
+                                                      time.gmtime(second)))
+            amz = self._second[1]
+        else:
+            amz = now.strftime("%Y%m%dT%H%M%SZ")
+        day = amz[:8]
+        signed = "host;x-amz-content-sha256;x-amz-date"
+        canon = f"host:{host}\nx-amz-content-sha256:UNSIGNED-PAYLOAD\nx-amz-date:{amz}\n"
+        if creds.token:
+            signed += ";x-amz-security-token"
+            canon += f"x-amz-security-token:{creds.token}\n"
+        request = f"GET\n{path}\n\n{canon}\n{signed}\nUNSIGNED-PAYLOAD"
+        scope = f"{day}/{region}/s3/aws4_request"
+        to_sign = (f"AWS4-HMAC-SHA256\n{amz}\n{scope}\n"
+                   f"{hashlib.sha256(request.encode()).hexdigest()}")
+        sig = hmac.new(self._signing_key(creds.secret_key, day, region), to_sign.encode(),
+                       hashlib.sha256).hexdigest()
+        out = (f"x-amz-content-sha256: UNSIGNED-PAYLOAD\r\nx-amz-date: {amz}\r\n"
+               f"Authorization: AWS4-HMAC-SHA256 Credential={creds.access_key}/{scope}, "
+               f"SignedHeaders={signed}, Signature={sig}\r\n")
+        if creds.token:
+            out += f"x-amz-security-token: {creds.token}\r\n"
+        return out
+
+
+class _Conn:
+    """One keep-alive connection: a trio socket, TLS-wrapped for https."""
+
+    __slots__ = ("where", "sock", "tls", "idle_since")
+
+    def __init__(self, where, sock, tls):
+        self.where, self.sock, self.tls, self.idle_since = where, sock, tls, 0.0
+
+    async def send(self, data: bytes) -> None:
+        if self.tls is not None:
+            await self.tls.send_all(data)
+            return
+        view = memoryview(data)
+        while view:
+            view = view[await self.sock.send(view):]
+
+    async def recv_into(self, view: memoryview) -> int:
+        if self.tls is None:
+            return await self.sock.recv_into(view)
+        chunk = await self.tls.receive_some(len(view))
+        view[:len(chunk)] = chunk
+        return len(chunk)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class _Failed(Exception):
+    """A transport failure or an answer this path does not handle."""
+
+
+class TrioGets:
+    """Connections per (scheme, host, port), for one backend."""
+
+    def __init__(self):
+        self._signer = Signer()
+        self._idle: dict[tuple, list[_Conn]] = {}
+        self._origins: dict[str, tuple] = {}   # "scheme://host:port" -> its parts
+        self._ssl: ssl.SSLContext | None = None
+        self._fails = 0
+        self._rest_until = 0.0
+        self.used = 0          # GETs served this way (stats)
+        self.fell_back = 0     # attempts the thread path then served
+
+    def resting(self) -> bool:
+        return bool(self._rest_until) and time.monotonic() < self._rest_until
+
+    async def read(self, creds, region: str, url: str, offset: int, length: int,
+                   version: str) -> bytes | object | None:
+        """The bytes; None (resting, or an answer the thread path is to interpret) or
+        FAILED (a transport failure): ask the thread path (see the module doc)."""
+        if self.resting():
+            return None
+        cut = url.index("/", url.index("//") + 2)
+        origin, path = url[:cut], url[cut:]
+        known = self._origins.get(origin)
+        if known is None:
+            u = urlsplit(origin)
+            known = self._origins[origin] = (
+                (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80)),
+                u.netloc, u.hostname)
+        where, host, hostname = known
+        req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n"
+               f"Range: bytes={offset}-{offset + length - 1}\r\n"
+               + (f'If-Match: "{version}"\r\n' if version else "")
+               + self._signer.headers(creds, region, host, path) + "\r\n").encode()
+        why = None
+        with trio.move_on_after(TIMEOUT_S) as scope:
+            try:
+                # a reused connection the server dropped fails before any answer: then
+                # once more on a new one (a GET is idempotent)
+                for fresh in (False, True):
+                    conn = None if fresh else self._take(where)
+                    reused = conn is not None
+                    if conn is None:
+                        conn = await self._connect(where, hostname)
+                    try:
+                        status, data = await self._exchange(conn, req, length, reused)
+                    except _Stale:
+                        continue
+                    if status in (200, 206) and data is not None:
+                        self._fails = 0
+                        self.used += 1
+                        return data
+                    self.fell_back += 1        # an answer the thread path interprets
+                    return None
+            except (OSError, ValueError, _Failed, trio.BrokenResourceError) as exc:
+                why = exc
+        if scope.cancelled_caught:
+            why = f"no answer within {TIMEOUT_S:.0f} s"
+        self._failed(why or "connection dropped twice")
+        return FAILED
+
+    def _take(self, where) -> _Conn | None:
+        idle = self._idle.get(where)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < IDLE_MAX_S:
+                return conn
+            conn.close()
+        return None
+
+    def _give_back(self, conn: _Conn) -> None:
+        idle = self._idle.setdefault(conn.where, [])
+        if len(idle) >= IDLE_KEEP:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        idle.append(conn)
+
+    async def _connect(self, where, hostname: str) -> _Conn:
+        scheme, host, port = where
+        family, kind, proto, _, addr = (await trio.socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM))[0]
+        sock = trio.socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await sock.connect(addr)
+            tls = None
+            if scheme == "https":
+                tls = trio.SSLStream(trio.SocketStream(sock), self._context(),
+                                     server_hostname=hostname)
+                await tls.do_handshake()
+        except BaseException:
+            sock.close()
+            raise
+        return _Conn(where, sock, tls)
+
+    def _context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            from botocore.httpsession import get_cert_path
+            self._ssl = ssl.create_default_context(
+                cafile=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
+        return self._ssl
+
+    async def _exchange(self, conn: _Conn, req: bytes, length: int, reused: bool):
+        """Send ``req`` and read the answer: (status, the body, or None for an answer
+        the thread path is to interpret).  The connection goes back to the pool only
+        after a complete answer that keeps it open."""
+        keep = False
+        buf = bytearray(length + 1024)
+        view = memoryview(buf)
+        got = 0
+        try:
+            try:
+                await conn.send(req)
+                while True:
+                    if got == len(buf):
+                        if got >= HEAD_MAX + length:
+                            raise _Failed("response head too long")
+                        view.release()
+                        buf.extend(bytes(4096))
+                        view = memoryview(buf)
+                    n = await conn.recv_into(view[got:])
+                    if not n:
+                        raise _Failed("connection closed mid-answer")
+                    got += n
+                    end = buf.find(b"\r\n\r\n", 0, got)
+                    if end >= 0:
+                        break
+            except (OSError, _Failed, trio.BrokenResourceError):
+                if reused and got == 0:    # the server had dropped it: try a new one
+                    raise _Stale() from None
+                raise
+            head = bytes(view[:end]).decode("latin-1").split("\r\n")
+            parts = head[0].split(" ", 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+                raise _Failed(f"not an HTTP answer: {head[0][:80]!r}")
+            status = int(parts[1])
+            clen, close, plain = None, parts[0] == "HTTP/1.0", True
+            for line in head[1:]:
+                name, _, value = line.partition(":")
+                name = name.strip().lower()
+                if name == "content-length":
+                    clen = int(value)
+                elif name == "connection":
+                    close = value.strip().lower() == "close"
+                elif name in ("transfer-encoding", "content-encoding"):
+                    plain = False
+            if status not in (200, 206) or not plain:
+                return status, None            # (the connection is closed below)
+            if clen != length:
+                raise _Failed(f"{clen} bytes for {length}")
+            start, total = end + 4, end + 4 + clen
+            if got > total:
+                raise _Failed("more bytes than the answer's length")
+            if total > len(buf):
+                view.release()
+                buf.extend(bytes(total - len(buf)))
+                view = memoryview(buf)
+            while got < total:
+                n = await conn.recv_into(view[got:total])
+                if not n:
+                    raise _Failed("connection closed mid-answer")
+                got += n
+            keep = not close
+            return status, bytes(view[start:total])
+        finally:
+            if keep:
+                self._give_back(conn)
+            else:
+                conn.close()
+
+    def _failed(self, why) -> None:
+        self.fell_back += 1
+        self._fails += 1
+        if self._fails >= FAILS_BEFORE_PAUSE:
+            self._fails = 0
+            self._rest_until = time.monotonic() + PAUSE_S
+            log.info("GETs on the trio thread failed %d times in a row (last: %s); the "
+                     "thread path serves every read for %.0f s", FAILS_BEFORE_PAUSE,
+                     str(why).splitlines()[0][:200] if str(why) else type(why).__name__,
+                     PAUSE_S)
+        else:
+            log.debug("GET on the trio thread failed (%s); the thread path serves it", why)
+
+    def close(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+class _Stale(Exception):
+    """A reused connection closed before any byte of the answer."""

@@ -1,0 +1,187 @@
+"""The trio-thread GET path (neuralcache/backends/s3trio.py) against a small HTTP server
+of the test's own, for what a real S3 endpoint does only sometimes: a kept-alive
+connection dropped, an answer in pieces, chunked or of the wrong length, no answer at
+all.  tests/test_backends.py reads real bytes from SeaweedFS through it."""
+import os
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from neuralcache.backends import s3trio
+
+BODY = os.urandom(5000)
+CREDS = SimpleNamespace(access_key="AK", secret_key="SK", token=None)
+
+
+async def serve(nursery, answer):
+    """A server on a free port: ``answer(request_head, stream, n)`` per request (n: the
+    connection's number); returns (port, the connections accepted so far)."""
+    accepted = []
+
+    async def handle(stream):
+        accepted.append(stream)
+        n, buf = len(accepted), b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    chunk = await stream.receive_some(4096)
+                    if not chunk:
+                        return
+                    buf += chunk
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                if not await answer(head.decode(), stream, n):
+                    await stream.aclose()
+                    return
+        except trio.BrokenResourceError:
+            return
+    listeners = await nursery.start(trio.serve_tcp, handle, 0)
+    return listeners[0].socket.getsockname()[1], accepted
+
+
+def ok_answer(head: str) -> bytes:
+    rng = next(line for line in head.split("\r\n") if line.startswith("Range:"))
+    a, b = (int(x) for x in rng.split("=")[1].split("-"))
+    body = BODY[a:b + 1]
+    return (f"HTTP/1.1 206 Partial Content\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/octet-stream\r\n\r\n").encode() + body
+
+
+def run(answer, reads, **patch):
+    """``reads(gets, url)`` inside trio with a server answering by ``answer``."""
+    out = {}
+
+    async def main():
+        async with trio.open_nursery() as n:
+            port, accepted = await serve(n, answer)
+            gets = s3trio.TrioGets()
+            out["result"] = await reads(gets, f"http://127.0.0.1:{port}/bucket/k%20ey")
+            out["accepted"] = len(accepted)
+            out["gets"] = gets
+            gets.close()
+            n.cancel_scope.cancel()
+    trio.run(main)
+    return out
+
+
+async def read(gets, url, off=0, length=100, version="v1"):
+    return await gets.read(CREDS, "us-east-1", url, off, length, version)
+
+
+def test_the_request_and_a_kept_alive_connection():
+    seen = []
+
+    async def answer(head, stream, n):
+        seen.append(head)
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 100), await read(gets, url, 100, 4900)]
+    out = run(answer, reads)
+    assert out["result"] == [BODY[:100], BODY[100:]]
+    assert out["accepted"] == 1                        # the second GET reused it
+    first = seen[0].split("\r\n")
+    assert first[0] == "GET /bucket/k%20ey HTTP/1.1"
+    assert "Range: bytes=0-99" in first and 'If-Match: "v1"' in first
+    auth = next(x for x in first if x.startswith("Authorization:"))
+    assert "Credential=AK/" in auth and "/us-east-1/s3/aws4_request" in auth
+    assert "SignedHeaders=host;x-amz-content-sha256;x-amz-date," in auth
+
+
+def test_a_dropped_keep_alive_connection_is_replaced():
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return False                                   # closes after each answer
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 100), await read(gets, url, 0, 200)]
+    out = run(answer, reads)
+    assert out["result"] == [BODY[:100], BODY[:200]]
+    assert out["accepted"] == 2 and out["gets"].used == 2 and out["gets"]._fails == 0
+
+
+def test_an_answer_in_one_byte_pieces():
+    async def answer(head, stream, n):
+        for b in ok_answer(head):
+            await stream.send_all(bytes([b]))
+        return True
+
+    out = run(answer, lambda gets, url: read(gets, url, 7, 300))
+    assert out["result"] == BODY[7:307]
+
+
+@pytest.mark.parametrize("reply,expect", [
+    (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", None),
+    (b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n", None),
+    (b"HTTP/1.1 206 Partial\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n" + BODY[:100]
+     + b"\r\n0\r\n\r\n", None),
+    (b"HTTP/1.1 206 Partial\r\nContent-Length: 99\r\n\r\n" + BODY[:99], s3trio.FAILED),
+    (b"HTTP/1.1 206 Partial\r\nContent-Length: 100\r\n\r\n" + BODY[:50], s3trio.FAILED),
+    (b"garbage\r\n\r\n", s3trio.FAILED),
+])
+def test_answers_left_to_the_thread_path(reply, expect):
+    """An answer that means an error (404, 412) or that this path does not read
+    (chunked) is None, not a failure; a wrong length or a cut answer is FAILED."""
+    async def answer(head, stream, n):
+        await stream.send_all(reply)
+        return False
+
+    out = run(answer, read)
+    assert out["result"] is expect
+    assert out["gets"]._fails == (1 if expect is s3trio.FAILED else 0)
+
+
+def test_no_answer_times_out_and_the_path_rests(monkeypatch):
+    monkeypatch.setattr(s3trio, "TIMEOUT_S", 0.2)
+
+    async def answer(head, stream, n):
+        await trio.sleep_forever()
+
+    async def reads(gets, url):
+        got = [await read(gets, url) for _ in range(s3trio.FAILS_BEFORE_PAUSE + 1)]
+        return got, gets.resting()
+    out = run(answer, reads)
+    got, resting = out["result"]
+    assert got == [s3trio.FAILED] * s3trio.FAILS_BEFORE_PAUSE + [None]
+    assert resting and out["accepted"] == s3trio.FAILS_BEFORE_PAUSE
+
+
+def test_an_old_idle_connection_is_not_reused(monkeypatch):
+    monkeypatch.setattr(s3trio, "IDLE_MAX_S", 0.0)
+
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url), await read(gets, url)]
+    out = run(answer, reads)
+    assert out["result"] == [BODY[:100]] * 2 and out["accepted"] == 2
+
+
+def test_signature_matches_botocore():
+    """The same GET signed by botocore's S3SigV4Auth (unsigned payload, same headers,
+    same instant) carries the same signature."""
+    import datetime as dt
+    from unittest import mock
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.config import Config
+    from botocore.credentials import Credentials
+
+    now = dt.datetime(2026, 12, 6, 12, 0, 0, tzinfo=dt.timezone.utc)
+    for token in (None, "TOKEN/+="):
+        creds = SimpleNamespace(access_key="AKIDEXAMPLE", secret_key="SECRET", token=token)
+        ours = s3trio.Signer().headers(creds, "eu-west-1", "h.example:9000",
+                                       "/b/a%20b/c.bin", now)
+        ours = dict(line.split(": ", 1) for line in ours.strip().split("\r\n"))
+        req = AWSRequest(method="GET", url="https://h.example:9000/b/a%20b/c.bin")
+        req.context["client_config"] = Config(s3={"payload_signing_enabled": False})
+        with mock.patch("botocore.auth.get_current_datetime",
+                        return_value=now.replace(tzinfo=None)):
+            S3SigV4Auth(Credentials("AKIDEXAMPLE", "SECRET", token), "s3",
+                        "eu-west-1").add_auth(req)
+        assert req.headers["X-Amz-Date"] == ours["x-amz-date"]
+        assert req.headers["Authorization"] == ours["Authorization"]
