@@ -14,9 +14,10 @@ BODY = os.urandom(5000)
 CREDS = SimpleNamespace(access_key="AK", secret_key="SK", token=None)
 
 
-async def serve(nursery, answer):
-    """A server on a free port: ``answer(request_head, stream, n)`` per request (n: the
-    connection's number); returns (port, the connections accepted so far)."""
+async def serve(nursery, answer, tls=None):
+    """A server on a free port (TLS with ``tls``, an SSLContext): ``answer(request_head,
+    stream, n)`` per request (n: the connection's number); returns (port, the
+    connections accepted so far)."""
     accepted = []
 
     async def handle(stream):
@@ -35,8 +36,11 @@ async def serve(nursery, answer):
                     return
         except trio.BrokenResourceError:
             return
-    listeners = await nursery.start(trio.serve_tcp, handle, 0)
-    return listeners[0].socket.getsockname()[1], accepted
+    if tls is None:
+        listeners = await nursery.start(trio.serve_tcp, handle, 0)
+        return listeners[0].socket.getsockname()[1], accepted
+    listeners = await nursery.start(trio.serve_ssl_over_tcp, handle, 0, tls)
+    return listeners[0].transport_listener.socket.getsockname()[1], accepted
 
 
 def ok_answer(head: str) -> bytes:
@@ -47,15 +51,16 @@ def ok_answer(head: str) -> bytes:
             "Content-Type: application/octet-stream\r\n\r\n").encode() + body
 
 
-def run(answer, reads, **patch):
+def run(answer, reads, tls=None):
     """``reads(gets, url)`` inside trio with a server answering by ``answer``."""
     out = {}
 
     async def main():
         async with trio.open_nursery() as n:
-            port, accepted = await serve(n, answer)
+            port, accepted = await serve(n, answer, tls)
             gets = s3trio.TrioGets()
-            out["result"] = await reads(gets, f"http://127.0.0.1:{port}/bucket/k%20ey")
+            url = f"http://127.0.0.1:{port}" if tls is None else f"https://localhost:{port}"
+            out["result"] = await reads(gets, url + "/bucket/k%20ey")
             out["accepted"] = len(accepted)
             out["gets"] = gets
             gets.close()
@@ -87,6 +92,40 @@ def test_the_request_and_a_kept_alive_connection():
     auth = next(x for x in first if x.startswith("Authorization:"))
     assert "Credential=AK/" in auth and "/us-east-1/s3/aws4_request" in auth
     assert "SignedHeaders=host;x-amz-content-sha256;x-amz-date," in auth
+
+
+def test_https_with_the_ca_bundle(tmp_path, monkeypatch):
+    """Over TLS (the certificate checked against AWS_CA_BUNDLE, as on the urllib3 path):
+    the bytes, a kept-alive connection; a certificate the bundle does not vouch for is
+    a failure left to the thread path."""
+    import shutil
+    import ssl
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                    "2", "-subj", "/CN=localhost", "-addext",
+                    "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 3000), await read(gets, url, 3000, 2000)]
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
+    out = run(answer, reads, tls=server)
+    assert out["result"] == [BODY[:3000], BODY[3000:]] and out["accepted"] == 1
+    other = tmp_path / "other.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days",
+                    "2", "-subj", "/CN=localhost", "-keyout", str(tmp_path / "k2.pem"),
+                    "-out", str(other)], check=True, capture_output=True)
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(other))
+    assert run(answer, read, tls=server)["result"] is s3trio.FAILED
 
 
 def test_a_dropped_keep_alive_connection_is_replaced():

@@ -25,7 +25,6 @@ import hashlib
 import hmac
 import logging
 import os
-import socket
 import ssl
 import time
 from urllib.parse import urlsplit
@@ -223,22 +222,18 @@ class TrioGets:
         idle.append(conn)
 
     async def _connect(self, where, hostname: str) -> _Conn:
-        scheme, host, port = where
-        family, kind, proto, _, addr = (await trio.socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM))[0]
-        sock = trio.socket.socket(family, kind, proto)
+        # trio's happy eyeballs: every address the name has, IPv6 and IPv4, tried in
+        # turn (TCP_NODELAY is trio's default)
+        stream = await trio.open_tcp_stream(where[1], where[2])
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await sock.connect(addr)
             tls = None
-            if scheme == "https":
-                tls = trio.SSLStream(trio.SocketStream(sock), self._context(),
-                                     server_hostname=hostname)
+            if where[0] == "https":
+                tls = trio.SSLStream(stream, self._context(), server_hostname=hostname)
                 await tls.do_handshake()
         except BaseException:
-            sock.close()
+            stream.socket.close()
             raise
-        return _Conn(where, sock, tls)
+        return _Conn(where, stream.socket, tls)
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
