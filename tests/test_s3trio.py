@@ -155,20 +155,23 @@ def test_an_answer_in_one_byte_pieces():
     (b"HTTP/1.1 412 Precondition Failed\r\nContent-Length: 0\r\n\r\n", None),
     (b"HTTP/1.1 206 Partial\r\nTransfer-Encoding: chunked\r\n\r\n64\r\n" + BODY[:100]
      + b"\r\n0\r\n\r\n", None),
+    (b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n", None),
     (b"HTTP/1.1 206 Partial\r\nContent-Length: 99\r\n\r\n" + BODY[:99], s3trio.FAILED),
     (b"HTTP/1.1 206 Partial\r\nContent-Length: 100\r\n\r\n" + BODY[:50], s3trio.FAILED),
     (b"garbage\r\n\r\n", s3trio.FAILED),
 ])
 def test_answers_left_to_the_thread_path(reply, expect):
-    """An answer that means an error (404, 412) or that this path does not read
-    (chunked) is None, not a failure; a wrong length or a cut answer is FAILED."""
+    """The object's own answer (404, 412) is None, not a failure; another answer this
+    path does not take (chunked, 403) is None and a failure toward its rest; a wrong
+    length or a cut answer is FAILED (a transport failure, counted as a retry)."""
     async def answer(head, stream, n):
         await stream.send_all(reply)
         return False
 
     out = run(answer, read)
     assert out["result"] is expect
-    assert out["gets"]._fails == (1 if expect is s3trio.FAILED else 0)
+    assert out["gets"]._fails == (0 if b" 404 " in reply or b" 412 " in reply else 1)
+    assert out["gets"].fell_back == 1
 
 
 def test_no_answer_times_out_and_the_path_rests(monkeypatch):

@@ -11,10 +11,11 @@ sockets come back from one epoll wait, with no thread to wake.
 
 It changes no guarantee: the same URL (the backend's region and addressing), byte range
 and ``If-Match`` version.  Anything but a complete 200/206 answer of exactly the length
-asked (a 404, a 412, a redirect, a 5xx, a reset, a timeout, chunked encoding) returns
-None and the caller takes the thread path, which knows the error table, the region
-rules and the retries; so a 404 is still NotFound and a 412 VersionChanged.  After
-``FAILS_BEFORE_PAUSE`` transport failures in a row this path rests for ``PAUSE_S``.
+asked (a 404, a 412, a redirect, a 5xx, a reset, a timeout, chunked encoding) sends
+the caller to the thread path, which knows the error table, the region rules and the
+retries; so a 404 is still NotFound and a 412 VersionChanged.  After
+``FAILS_BEFORE_PAUSE`` failures in a row (any of these but a 404 or a 412) this path
+rests for ``PAUSE_S``.
 Credentials a provider would have to renew (network I/O, which must not run on the trio
 thread) also send the GET the thread path's way.  Off with ``NEURALCACHE_TRIO_GET=0``.
 """
@@ -194,7 +195,13 @@ class TrioGets:
                         self._fails = 0
                         self.used += 1
                         return data
-                    self.fell_back += 1        # an answer the thread path interprets
+                    if status in (404, 412):   # the object's answer: the thread path
+                        self.fell_back += 1    # raises NotFound / VersionChanged
+                        return None
+                    # anything else (403, a redirect, 5xx, chunked) may be this path's
+                    # doing: after FAILS_BEFORE_PAUSE in a row it rests, so an endpoint
+                    # that always answers so costs no round trip per read for long
+                    self._failed(f"answered {status}")
                     return None
             except (OSError, ValueError, _Failed, trio.BrokenResourceError) as exc:
                 why = exc
