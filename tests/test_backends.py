@@ -215,6 +215,7 @@ def test_s3_small_reads_on_the_trio_thread(backend, monkeypatch):
     monkeypatch.setattr(creds, "secret_key", "x" * 40)
     assert trio.run(backend.read_async, key, 0, 10, info.version) is None
     assert backend.native_stats()["trio_gets"] == 2
+    assert backend.native_stats()["trio_fallbacks"] == 4      # (it was asked: a 403)
 
 
 def test_s3_small_reads_go_native_and_fall_back(backend, monkeypatch):

@@ -291,12 +291,16 @@ def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
     disk.load()
     store = BlockStore(be, MemoryTier(1 << 20), disk, Stats(), block_size=BS, concurrency=8)
     obj = Pinned(info.key, info.version, info.size)
+    queued = []                                   # blocks left to the background writers
+    send = store._send.send_nowait
+    store._send.send_nowait = lambda item: (queued.append(item[0].index), send(item))
 
     async def fn():
         assert store.prefetch(obj, 0, lim.PREFETCH) and store.prefetch(obj, 1, lim.PREFETCH)
         await settle(store)
         assert store.disk.contains(BlockKey(obj.key, obj.version, 0))
         assert store.disk.contains(BlockKey(obj.key, obj.version, 1))
+        assert queued == []                       # each stored by its load's own thread
         assert await store.read(obj, 2 * BS, 2 * BS) == data[2 * BS:]   # demand
         assert await store.read(obj, 0, 2 * BS) == data[:2 * BS]
     run_with_store(store, fn)

@@ -227,3 +227,99 @@ def test_signature_matches_botocore():
                         "eu-west-1").add_auth(req)
         assert req.headers["X-Amz-Date"] == ours["x-amz-date"]
         assert req.headers["Authorization"] == ours["Authorization"]
+
+
+@pytest.mark.parametrize("head", ["HTTP/1.1 206 Partial\r\nConnection: close",
+                                  "HTTP/1.0 206 Partial"])
+def test_an_answer_that_closes_is_not_reused(head):
+    async def answer(req, stream, n):
+        body = ok_answer(req).split(b"\r\n\r\n", 1)[1]
+        await stream.send_all(f"{head}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                              + body)
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 100), await read(gets, url, 100, 100)]
+    out = run(answer, reads)
+    assert out["result"] == [BODY[:100], BODY[100:200]] and out["accepted"] == 2
+
+
+def test_a_long_head_content_encoding_and_the_host_header():
+    """A head longer than the buffer's slack; Content-Encoding is the object's own
+    metadata (S3 answers the stored bytes); Host carries no default port."""
+    seen = []
+
+    async def answer(req, stream, n):
+        seen.append(req)
+        head, body = ok_answer(req).split(b"\r\n\r\n", 1)
+        await stream.send_all(head + b"\r\nContent-Encoding: gzip\r\nx-amz-meta-pad: "
+                              + b"p" * 3000 + b"\r\n\r\n" + body)
+        return True
+
+    out = run(answer, lambda gets, url: read(gets, url, 10, 50))
+    assert out["result"] == BODY[10:60]
+    assert "Host: 127.0.0.1:" in seen[0]
+    gets = s3trio.TrioGets()
+
+    async def host_of(url):
+        with trio.move_on_after(0.01):          # (only the parsed origin is wanted)
+            await read(gets, url)
+        return gets._origins[url.rsplit("/", 2)[0]][1]
+    assert trio.run(host_of, "http://h.invalid:80/b/k") == "h.invalid"
+    assert trio.run(host_of, "https://h.invalid:443/b/k") == "h.invalid"
+    assert trio.run(host_of, "http://h.invalid:9000/b/k") == "h.invalid:9000"
+
+
+def test_a_range_answered_whole_is_not_taken_past_offset_0():
+    async def answer(req, stream, n):
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+                              + BODY[:100])
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 100), await read(gets, url, 1000, 100)]
+    out = run(answer, reads)
+    assert out["result"] == [BODY[:100], None] and out["gets"]._fails == 1
+
+
+def test_a_416_is_the_objects_answer():
+    async def answer(req, stream, n):
+        await stream.send_all(b"HTTP/1.1 416 Range Not Satisfiable\r\n"
+                              b"Content-Length: 0\r\n\r\n")
+        return True
+
+    out = run(answer, read)
+    assert out["result"] is None and out["gets"]._fails == 0
+
+
+def test_a_slow_answer_that_keeps_moving_is_not_cut_off(monkeypatch):
+    """TIMEOUT_S bounds the time without a byte, not the whole answer."""
+    monkeypatch.setattr(s3trio, "TIMEOUT_S", 0.3)
+
+    async def answer(req, stream, n):
+        whole = ok_answer(req)
+        for i in range(0, len(whole), len(whole) // 8 + 1):
+            await stream.send_all(whole[i:i + len(whole) // 8 + 1])
+            await trio.sleep(0.1)
+        return True
+
+    out = run(answer, lambda gets, url: read(gets, url, 0, 4000))
+    assert out["result"] == BODY[:4000]
+
+
+def test_cancelled_mid_answer_the_connection_is_closed_not_pooled():
+    """A reader that stops waiting (a hedge answered, the unmount) in the middle of a
+    body: the connection, with unread bytes in it, must not serve the next GET."""
+    async def answer(req, stream, n):
+        whole = ok_answer(req)
+        await stream.send_all(whole[:len(whole) // 2])
+        await trio.sleep(0.3)
+        await stream.send_all(whole[len(whole) // 2:])
+        return True
+
+    async def reads(gets, url):
+        with trio.move_on_after(0.1):
+            await read(gets, url, 0, 4000)
+        return await read(gets, url, 4000, 1000)
+    out = run(answer, reads)
+    assert out["result"] == BODY[4000:] and out["accepted"] == 2

@@ -186,6 +186,8 @@ class S3Backend(S3Writes, S3List):
                 virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))
         # Small GETs on the trio thread (s3trio.py, ``read_async``): the same rules.
         self._trio = s3trio.TrioGets() if self.NATIVE_GETS and s3trio.wanted() else None
+        if self._trio is not None and self._target[1].startswith("https://"):
+            self._trio.context()          # (the CA bundle read here, not on the trio thread)
 
     def _make_client(self, region: str):
         return self._session.client("s3", endpoint_url=self.endpoint_url, region_name=region,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import collections
 import logging
 import os
 import ssl
@@ -38,8 +39,10 @@ log = logging.getLogger(__name__)
 # reason: the per-request costs are what this path saves, and at the 8 MiB block the
 # urllib3 path reads into recycled buffers (s3.py).
 MAX_BYTES = 1 << 20
-# Whole-request timeout: s3.py's READ_TIMEOUT_S, so a stalled answer costs no more than
-# on the thread path (which then serves it).
+# How long a GET may go without a byte (connecting, or between two reads of its
+# answer): s3.py's READ_TIMEOUT_S, the urllib3 path's socket timeout, so a stalled
+# answer costs no more than there (the thread path then serves it), and a slow but
+# moving one is not cut off.
 TIMEOUT_S = 5.0
 # s3native.py's rest rule, for the same reason: a refusing endpoint costs at most this
 # many extra attempts per PAUSE_S.
@@ -147,7 +150,7 @@ class TrioGets:
 
     def __init__(self):
         self._signer = Signer()
-        self._idle: dict[tuple, list[_Conn]] = {}
+        self._idle: dict[tuple, collections.deque[_Conn]] = {}
         self._origins: dict[str, tuple] = {}   # "scheme://host:port" -> its parts
         self._ssl: ssl.SSLContext | None = None
         self._fails = 0
@@ -169,9 +172,12 @@ class TrioGets:
         known = self._origins.get(origin)
         if known is None:
             u = urlsplit(origin)
-            known = self._origins[origin] = (
-                (u.scheme, u.hostname, u.port or (443 if u.scheme == "https" else 80)),
-                u.netloc, u.hostname)
+            default = 443 if u.scheme == "https" else 80
+            # the Host header as botocore signs it and urllib3 sends it: no default port
+            host = u.netloc if u.port not in (None, default) else \
+                u.netloc.rsplit(":", 1)[0] if u.port else u.netloc
+            known = self._origins[origin] = ((u.scheme, u.hostname, u.port or default),
+                                             host, u.hostname)
         where, host, hostname = known
         req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n"
                f"Range: bytes={offset}-{offset + length - 1}\r\n"
@@ -188,16 +194,18 @@ class TrioGets:
                     if conn is None:
                         conn = await self._connect(where, hostname)
                     try:
-                        status, data = await self._exchange(conn, req, length, reused)
+                        status, data = await self._exchange(conn, req, length, reused,
+                                                            scope)
                     except _Stale:
                         continue
-                    if status in (200, 206) and data is not None:
+                    # (a 200 is the whole object: the bytes asked only from offset 0)
+                    if data is not None and (status == 206 or offset == 0):
                         self._fails = 0
                         self.used += 1
                         return data
-                    if status in (404, 412):   # the object's answer: the thread path
-                        self.fell_back += 1    # raises NotFound / VersionChanged
-                        return None
+                    if status in (404, 412, 416):   # the object's answer: the thread
+                        self.fell_back += 1         # path raises NotFound /
+                        return None                 # VersionChanged
                     # anything else (403, a redirect, 5xx, chunked) may be this path's
                     # doing: after FAILS_BEFORE_PAUSE in a row it rests, so an endpoint
                     # that always answers so costs no round trip per read for long
@@ -206,11 +214,12 @@ class TrioGets:
             except (OSError, ValueError, _Failed, trio.BrokenResourceError) as exc:
                 why = exc
         if scope.cancelled_caught:
-            why = f"no answer within {TIMEOUT_S:.0f} s"
+            why = f"no byte for {TIMEOUT_S:.0f} s"
         self._failed(why or "connection dropped twice")
         return FAILED
 
     def _take(self, where) -> _Conn | None:
+        """The most recently used idle connection (the least likely to be dropped)."""
         idle = self._idle.get(where)
         now = time.monotonic()
         while idle:
@@ -221,11 +230,14 @@ class TrioGets:
         return None
 
     def _give_back(self, conn: _Conn) -> None:
-        idle = self._idle.setdefault(conn.where, [])
+        idle = self._idle.setdefault(conn.where, collections.deque())
+        now = time.monotonic()
+        while idle and now - idle[0].idle_since >= IDLE_MAX_S:   # the oldest: closed,
+            idle.popleft().close()                              # not left in CLOSE_WAIT
         if len(idle) >= IDLE_KEEP:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = now
         idle.append(conn)
 
     async def _connect(self, where, hostname: str) -> _Conn:
@@ -235,24 +247,28 @@ class TrioGets:
         try:
             tls = None
             if where[0] == "https":
-                tls = trio.SSLStream(stream, self._context(), server_hostname=hostname)
+                tls = trio.SSLStream(stream, self.context(), server_hostname=hostname)
                 await tls.do_handshake()
         except BaseException:
             stream.socket.close()
             raise
         return _Conn(where, stream.socket, tls)
 
-    def _context(self) -> ssl.SSLContext:
+    def context(self) -> ssl.SSLContext:
+        """The TLS context (the CA bundle read from disk once: S3Backend asks for it at
+        start, so that the trio thread never does)."""
         if self._ssl is None:
             from botocore.httpsession import get_cert_path
             self._ssl = ssl.create_default_context(
                 cafile=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
         return self._ssl
 
-    async def _exchange(self, conn: _Conn, req: bytes, length: int, reused: bool):
+    async def _exchange(self, conn: _Conn, req: bytes, length: int, reused: bool,
+                        scope: trio.CancelScope):
         """Send ``req`` and read the answer: (status, the body, or None for an answer
         the thread path is to interpret).  The connection goes back to the pool only
-        after a complete answer that keeps it open."""
+        after a complete answer that keeps it open.  Each read that brings bytes moves
+        ``scope``'s deadline (TIMEOUT_S)."""
         keep = False
         buf = bytearray(length + 1024)
         view = memoryview(buf)
@@ -271,6 +287,7 @@ class TrioGets:
                     if not n:
                         raise _Failed("connection closed mid-answer")
                     got += n
+                    scope.deadline = trio.current_time() + TIMEOUT_S
                     end = buf.find(b"\r\n\r\n", 0, got)
                     if end >= 0:
                         break
@@ -288,10 +305,14 @@ class TrioGets:
                 name, _, value = line.partition(":")
                 name = name.strip().lower()
                 if name == "content-length":
+                    if clen is not None and int(value) != clen:
+                        raise _Failed("two different Content-Lengths")
                     clen = int(value)
                 elif name == "connection":
-                    close = value.strip().lower() == "close"
-                elif name in ("transfer-encoding", "content-encoding"):
+                    close = "close" in value.lower()
+                elif name == "transfer-encoding":
+                    # (Content-Encoding is the object's own metadata: S3 answers the
+                    # stored bytes, which Content-Length counts, as the thread path reads)
                     plain = False
             if status not in (200, 206) or not plain:
                 return status, None            # (the connection is closed below)
@@ -309,6 +330,7 @@ class TrioGets:
                 if not n:
                     raise _Failed("connection closed mid-answer")
                 got += n
+                scope.deadline = trio.current_time() + TIMEOUT_S
             keep = not close
             return status, bytes(view[start:total])
         finally:

@@ -122,6 +122,7 @@ class BlockStore:
                                            byte_cap=MAX_INFLIGHT_BYTES,
                                            reserved_bytes=MAX_INFLIGHT_BYTES // 8)
         self._backend_threads = trio.CapacityLimiter(concurrency)
+        self._store_threads = trio.CapacityLimiter(concurrency)   # (see _fetch)
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
         self._hedge_threads = trio.CapacityLimiter(HEDGE_THREADS)
         self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
@@ -531,10 +532,9 @@ class BlockStore:
 
     async def _fetch(self, bk: BlockKey, obj: Pinned, off: int, length: int,
                      flight: _Flight) -> bytes:
-        """One ranged read, on this thread where the backend can (backends/s3trio.py).
-        A speculative one of at most INLINE_DISK_WRITE_MAX, or a staged one, also goes
-        to the disk tier in a thread (``flight.stored``).  One a reader waits on is hedged
-        when slow (store/hedge.py): a demand read from the start, else from a join."""
+        """One ranged read, on this thread where the backend can (backends/s3trio.py);
+        one of at most INLINE_DISK_WRITE_MAX, not demanded, or a staged one, is stored in
+        a thread (``flight.stored``); hedged when slow (store/hedge.py)."""
         def read():
             return self._remote_read(obj, off, length)
         on_loop = None if self._read_async is None else (     # s3trio.py, where it can
@@ -567,14 +567,14 @@ class BlockStore:
                 return data
 
             async def first() -> bytes:
-                # the disk write, or the GET the loop could not make, in a thread
-                async with self._backend_threads:
-                    data = await on_loop() if on_loop is not None else None
-                if data is not None and not inline:
-                    return data
-                return await trio.to_thread.run_sync(
-                    store if data is not None else lambda _: store(read()), data,
-                    limiter=self._backend_threads, abandon_on_cancel=True)
+                # the loop's GET takes no thread token (the ticket bounds it); its store, its own
+                data = await on_loop() if on_loop is not None else None
+                if data is None:
+                    return await trio.to_thread.run_sync(
+                        lambda: store(read()), limiter=self._backend_threads,
+                        abandon_on_cancel=True)
+                return data if not inline else await trio.to_thread.run_sync(
+                    store, data, limiter=self._store_threads, abandon_on_cancel=True)
             flight.running = flight_running = hedge.Running()
             try:
                 return await flight.running.run(first)
