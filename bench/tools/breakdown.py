@@ -212,7 +212,9 @@ def report(rows: dict) -> str:
                      f"{total / per * scale:7.3f} {'s/GiB' if big else 'ms/f':>3}  {cells}"
                      f" {wan} s/GiB {r.get('minor_faults', 0) / per:9.0f}")
     lines.append("parts: CPU-s per GiB (bigfile) or CPU-ms per file (files); disk_write/"
-                 "disk_read include checksum; WAN emu = the emulator's CPU per GiB it carried; "
+                 "disk_read include checksum; fetch = GETs in threads (those on the trio "
+                 "thread, small ones, are in loop_other); WAN emu = the emulator's CPU per "
+                 "GiB it carried; "
                  "faults = the daemon's minor page faults per GiB or per file")
     for name, r in rows.items():
         n = max(r["files"], 1)

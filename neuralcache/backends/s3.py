@@ -260,7 +260,10 @@ class S3Backend(S3Writes, S3List):
                             and not resp.headers.get("Content-Encoding")):
                         data = _read_into(resp, into)
                     else:
-                        data = resp.read() if status in ok else resp.read(4096)
+                        # the stored bytes: an object's Content-Encoding (gzip) is
+                        # its metadata, never undone here (urllib3 would: wrong bytes)
+                        data = resp.read(decode_content=False) if status in ok \
+                            else resp.read(4096)
                     found = resp.headers.get("x-amz-bucket-region")
                 finally:
                     resp.release_conn()
