@@ -147,13 +147,21 @@ class NativeGets:
         return data
 
     def _failed(self, why) -> None:
-        self.fell_back += 1
-        self._fails += 1
-        if self._fails >= FAILS_BEFORE_PAUSE:
-            self._fails = 0
-            self._rest_until = time.monotonic() + PAUSE_S
-            log.info("native GETs failed %d times in a row (last: %s); the Python path "
-                     "serves every read for %.0f s", FAILS_BEFORE_PAUSE,
-                     str(why).splitlines()[0][:200], PAUSE_S)
-        else:
-            log.debug("native GET failed (%s); the Python path serves it", why)
+        failed(self, why, "native GETs", "the Python path")
+
+
+def failed(gets, why, what: str, instead: str) -> None:
+    """The rest rule of both small-GET paths (this one and s3trio.py's): one more
+    failure of ``gets`` (its ``fell_back``, ``_fails``, ``_rest_until``); after
+    FAILS_BEFORE_PAUSE in a row, ``instead`` serves every read for PAUSE_S."""
+    gets.fell_back += 1
+    gets._fails += 1
+    if gets._fails >= FAILS_BEFORE_PAUSE:
+        gets._fails = 0
+        gets._rest_until = time.monotonic() + PAUSE_S
+        log.info("%s failed %d times in a row (last: %s); %s serves every read for "
+                 "%.0f s", what, FAILS_BEFORE_PAUSE,
+                 str(why).splitlines()[0][:200] if str(why) else type(why).__name__,
+                 instead, PAUSE_S)
+    else:
+        log.debug("%s: one failed (%s); %s serves it", what, why, instead)

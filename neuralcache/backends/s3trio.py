@@ -14,8 +14,8 @@ and ``If-Match`` version.  Anything but a complete 200/206 answer of exactly the
 asked (a 404, a 412, a redirect, a 5xx, a reset, a timeout, chunked encoding) sends
 the caller to the thread path, which knows the error table, the region rules and the
 retries; so a 404 is still NotFound and a 412 VersionChanged.  After
-``FAILS_BEFORE_PAUSE`` failures in a row (any of these but a 404 or a 412) this path
-rests for ``PAUSE_S``.
+``FAILS_BEFORE_PAUSE`` failures in a row (any of these but a 404, 412 or 416) this
+path rests for ``PAUSE_S``.
 Credentials a provider would have to renew (network I/O, which must not run on the trio
 thread) also send the GET the thread path's way.  Off with ``NEURALCACHE_TRIO_GET=0``.
 """
@@ -25,7 +25,6 @@ import datetime as dt
 import hashlib
 import hmac
 import collections
-import logging
 import os
 import ssl
 import time
@@ -33,21 +32,20 @@ from urllib.parse import urlsplit
 
 import trio
 
-log = logging.getLogger(__name__)
+from . import s3native
 
-# Largest GET taken this way: s3native.NATIVE_MAX_BYTES's bound (1 MiB), for the same
-# reason: the per-request costs are what this path saves, and at the 8 MiB block the
-# urllib3 path reads into recycled buffers (s3.py).
-MAX_BYTES = 1 << 20
+# Largest GET taken this way: s3native.py's bound (1 MiB), for the same reason: the
+# per-request costs are what this path saves, and at the 8 MiB block the urllib3 path
+# reads into recycled buffers (s3.py).
+MAX_BYTES = s3native.NATIVE_MAX_BYTES
 # How long a GET may go without a byte (connecting, or between two reads of its
 # answer): s3.py's READ_TIMEOUT_S, the urllib3 path's socket timeout, so a stalled
 # answer costs no more than there (the thread path then serves it), and a slow but
 # moving one is not cut off.
 TIMEOUT_S = 5.0
-# s3native.py's rest rule, for the same reason: a refusing endpoint costs at most this
-# many extra attempts per PAUSE_S.
-FAILS_BEFORE_PAUSE = 3
-PAUSE_S = 60.0
+# The rest rule is s3native.py's (s3native.failed): FAILS_BEFORE_PAUSE failures in a
+# row, then PAUSE_S of the thread path.
+FAILS_BEFORE_PAUSE, PAUSE_S = s3native.FAILS_BEFORE_PAUSE, s3native.PAUSE_S
 # An idle keep-alive connection older than this is closed rather than reused: servers
 # drop idle ones (S3 after ~20 s, SeaweedFS after its idle timeout), and a GET sent on
 # a dropped one is a wasted round trip.  urllib3 keeps no such clock; 15 s is under S3's.
@@ -340,17 +338,7 @@ class TrioGets:
                 conn.close()
 
     def _failed(self, why) -> None:
-        self.fell_back += 1
-        self._fails += 1
-        if self._fails >= FAILS_BEFORE_PAUSE:
-            self._fails = 0
-            self._rest_until = time.monotonic() + PAUSE_S
-            log.info("GETs on the trio thread failed %d times in a row (last: %s); the "
-                     "thread path serves every read for %.0f s", FAILS_BEFORE_PAUSE,
-                     str(why).splitlines()[0][:200] if str(why) else type(why).__name__,
-                     PAUSE_S)
-        else:
-            log.debug("GET on the trio thread failed (%s); the thread path serves it", why)
+        s3native.failed(self, why, "GETs on the trio thread", "the thread path")
 
     def close(self) -> None:
         for idle in self._idle.values():
