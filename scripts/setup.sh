@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PKGS="fuse3 libfuse3-dev pkg-config python3-venv python3-dev gcc fio rclone s3fs systemd"
+# openssl: the TLS test of the trio GET path makes its certificates with it
+PKGS="fuse3 libfuse3-dev pkg-config python3-venv python3-dev gcc fio rclone s3fs systemd openssl"
 missing=""
 for p in $PKGS; do
     dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

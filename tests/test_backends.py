@@ -200,6 +200,10 @@ def test_s3_reads_the_stored_bytes_of_a_content_encoded_object(backend):
     info = backend.stat("enc.bin")
     assert info.size == len(data)
     assert backend.read(info.key, 0, len(data), info.version) == data          # urllib3
+    from neuralcache.buffers import Recycler
+    backend.read_buffers = Recycler(4 * MB)          # the daemon's: read straight into
+    assert bytes(backend.read(info.key, 0, len(data), info.version)) == data
+    backend.read_buffers = None
     assert backend.read(info.key, 100, 5000, info.version) == data[100:5100]   # obstore
     assert trio.run(backend.read_async, info.key, 7, 5000, info.version) == data[7:5007]
 

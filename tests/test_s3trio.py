@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import trio
 
-from neuralcache.backends import s3trio
+from neuralcache.backends import s3native, s3trio
 
 BODY = os.urandom(5000)
 CREDS = SimpleNamespace(access_key="AK", secret_key="SK", token=None)
@@ -181,12 +181,12 @@ def test_no_answer_times_out_and_the_path_rests(monkeypatch):
         await trio.sleep_forever()
 
     async def reads(gets, url):
-        got = [await read(gets, url) for _ in range(s3trio.FAILS_BEFORE_PAUSE + 1)]
+        got = [await read(gets, url) for _ in range(s3native.FAILS_BEFORE_PAUSE + 1)]
         return got, gets.resting()
     out = run(answer, reads)
     got, resting = out["result"]
-    assert got == [s3trio.FAILED] * s3trio.FAILS_BEFORE_PAUSE + [None]
-    assert resting and out["accepted"] == s3trio.FAILS_BEFORE_PAUSE
+    assert got == [s3trio.FAILED] * s3native.FAILS_BEFORE_PAUSE + [None]
+    assert resting and out["accepted"] == s3native.FAILS_BEFORE_PAUSE
 
 
 def test_an_old_idle_connection_is_not_reused(monkeypatch):

@@ -36,7 +36,6 @@ from botocore import exceptions as bex
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.config import Config
-from botocore.httpsession import get_cert_path
 
 from . import retry, s3native, s3trio
 from ..buffers import RECYCLE_MIN, read_into
@@ -89,7 +88,8 @@ def _read_into(resp, into: memoryview) -> memoryview:
     """A response body of ``len(into)`` bytes (its Content-Length), received straight
     into ``into``: http.client's readinto fills it from the socket with no bytes object
     in between (urllib3's own readinto reads a bytes object and copies it).  What it
-    got, as a view of ``into`` (short if the connection ended early: a short read)."""
+    got, as a view of ``into`` (short if the connection ended early: a short read); the
+    stored bytes, an object's Content-Encoding not undone (as ``resp.read`` is told)."""
     # resp._fp: the http.client.HTTPResponse under urllib3's.  urllib3's own wrapper:
     # socket timeouts and resets come out as its HTTPErrors (a retry, as from read())
     # and a connection that failed mid-body is not reused
@@ -224,7 +224,7 @@ class S3Backend(S3Writes, S3List):
                   timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S))
         if self._target[1].startswith("https://"):
             kw.update(cert_reqs="CERT_REQUIRED",
-                      ca_certs=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
+                      ca_certs=s3trio.ca_bundle())
         return urllib3.PoolManager(num_pools=4, **kw)
 
     def _signed_get(self, key: str, headers: dict[str, str], method: str = "GET",
@@ -256,8 +256,7 @@ class S3Backend(S3Writes, S3List):
                 try:
                     status = resp.status
                     if (into is not None and status == 206
-                            and resp.headers.get("Content-Length") == str(len(into))
-                            and not resp.headers.get("Content-Encoding")):
+                            and resp.headers.get("Content-Length") == str(len(into))):
                         data = _read_into(resp, into)
                     else:
                         # the stored bytes: an object's Content-Encoding (gzip) is

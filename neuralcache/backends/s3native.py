@@ -124,7 +124,7 @@ class NativeGets:
              version: str) -> bytes | object | None:
         """The bytes; None (resting) or FAILED (this attempt failed): ask the Python
         path.  Raises NotFound / VersionChanged."""
-        if self._rest_until and time.monotonic() < self._rest_until:
+        if resting(self):
             return None
         opts: dict = {"range": (offset, offset + length)}
         if version:
@@ -148,6 +148,11 @@ class NativeGets:
 
     def _failed(self, why) -> None:
         failed(self, why, "native GETs", "the Python path")
+
+
+def resting(gets) -> bool:
+    """Whether ``gets`` (either small-GET path) is resting after failures (``failed``)."""
+    return bool(gets._rest_until) and time.monotonic() < gets._rest_until
 
 
 def failed(gets, why, what: str, instead: str) -> None:

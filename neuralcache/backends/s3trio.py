@@ -14,17 +14,17 @@ and ``If-Match`` version.  Anything but a complete 200/206 answer of exactly the
 asked (a 404, a 412, a redirect, a 5xx, a reset, a timeout, chunked encoding) sends
 the caller to the thread path, which knows the error table, the region rules and the
 retries; so a 404 is still NotFound and a 412 VersionChanged.  After
-``FAILS_BEFORE_PAUSE`` failures in a row (any of these but a 404, 412 or 416) this
-path rests for ``PAUSE_S``.
+s3native.FAILS_BEFORE_PAUSE failures in a row (any of these but a 404, 412 or 416)
+this path rests for s3native.PAUSE_S (s3native.failed: the obstore path's rule).
 Credentials a provider would have to renew (network I/O, which must not run on the trio
 thread) also send the GET the thread path's way.  Off with ``NEURALCACHE_TRIO_GET=0``.
 """
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import hmac
-import collections
 import os
 import ssl
 import time
@@ -43,9 +43,6 @@ MAX_BYTES = s3native.NATIVE_MAX_BYTES
 # answer costs no more than there (the thread path then serves it), and a slow but
 # moving one is not cut off.
 TIMEOUT_S = 5.0
-# The rest rule is s3native.py's (s3native.failed): FAILS_BEFORE_PAUSE failures in a
-# row, then PAUSE_S of the thread path.
-FAILS_BEFORE_PAUSE, PAUSE_S = s3native.FAILS_BEFORE_PAUSE, s3native.PAUSE_S
 # An idle keep-alive connection older than this is closed rather than reused: servers
 # drop idle ones (S3 after ~20 s, SeaweedFS after its idle timeout), and a GET sent on
 # a dropped one is a wasted round trip.  urllib3 keeps no such clock; 15 s is under S3's.
@@ -58,6 +55,13 @@ HEAD_MAX = 16 << 10
 # What read() returns for an attempt that failed in transport (the thread path then
 # serves it, and the backend counts it as a retry).
 FAILED = object()
+
+
+def ca_bundle() -> str:
+    """The CA certificates an https endpoint is checked against, by every GET path:
+    ``AWS_CA_BUNDLE`` if set (as botocore reads it), else botocore's bundle."""
+    from botocore.httpsession import get_cert_path
+    return os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True)
 
 
 def wanted() -> bool:
@@ -157,7 +161,7 @@ class TrioGets:
         self.fell_back = 0     # attempts the thread path then served
 
     def resting(self) -> bool:
-        return bool(self._rest_until) and time.monotonic() < self._rest_until
+        return s3native.resting(self)
 
     async def read(self, creds, region: str, url: str, offset: int, length: int,
                    version: str) -> bytes | object | None:
@@ -205,7 +209,7 @@ class TrioGets:
                         self.fell_back += 1         # path raises NotFound /
                         return None                 # VersionChanged
                     # anything else (403, a redirect, 5xx, chunked) may be this path's
-                    # doing: after FAILS_BEFORE_PAUSE in a row it rests, so an endpoint
+                    # doing: after a few in a row it rests, so an endpoint
                     # that always answers so costs no round trip per read for long
                     self._failed(f"answered {status}")
                     return None
@@ -256,9 +260,7 @@ class TrioGets:
         """The TLS context (the CA bundle read from disk once: S3Backend asks for it at
         start, so that the trio thread never does)."""
         if self._ssl is None:
-            from botocore.httpsession import get_cert_path
-            self._ssl = ssl.create_default_context(
-                cafile=os.environ.get("AWS_CA_BUNDLE") or get_cert_path(True))
+            self._ssl = ssl.create_default_context(cafile=ca_bundle())
         return self._ssl
 
     async def _exchange(self, conn: _Conn, req: bytes, length: int, reused: bool,
