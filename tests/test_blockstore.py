@@ -5,7 +5,7 @@ import time
 import pytest
 import trio
 
-from neuralcache.store import limiter as lim
+from neuralcache.store import batchwrite, limiter as lim
 from neuralcache.backends.posix import PosixBackend
 from neuralcache.store.blocks import BlockStore, Pinned
 from neuralcache.store.writeback import WRITE_BACK_WRITERS
@@ -184,7 +184,9 @@ def test_unwritable_disk_is_pass_through(tmp_path):
     store.disk.root = "/proc/neuralcache-cannot-write-here"
 
     async def fn():
-        return await store.read(obj, 0, len(data))
+        out = await store.read(obj, 0, len(data))
+        await settle(store)                 # (the writers' attempts)
+        return out
     assert run_with_store(store, fn) == data
     assert store.disk.writable is False
 
@@ -277,8 +279,8 @@ class LoopBackend(CountingBackend):
 
 
 def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
-    """A speculative load the backend answers on the trio thread is still stored on
-    disk by a thread; a demand read takes the same way first; a None falls back to
+    """A speculative load the backend answers on the trio thread is stored on disk by
+    the writers, one read() answers in a thread stores itself; a demand read takes the same way first; a None falls back to
     read() in a thread.  Every byte is checked, and again from the disk on a fresh
     store."""
     data = payload(15, 4 * BS)
@@ -300,9 +302,10 @@ def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
         await settle(store)
         assert store.disk.contains(BlockKey(obj.key, obj.version, 0))
         assert store.disk.contains(BlockKey(obj.key, obj.version, 1))
-        assert queued == []                       # each stored by its load's own thread
+        assert queued == [0]      # the loop's answer to the writers; 1 stored by its thread
         assert await store.read(obj, 2 * BS, 2 * BS) == data[2 * BS:]   # demand
         assert await store.read(obj, 0, 2 * BS) == data[:2 * BS]
+        await settle(store)                       # (the writers' batch of 2 and 3)
     run_with_store(store, fn)
     assert sorted(be.on_loop) == [0, 2]
     assert sorted(c[1] // BS for c in be.calls) == [1, 3]          # read(), in threads
@@ -312,6 +315,46 @@ def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
         return await store2.read(obj2, 0, len(data))
     assert run_with_store(store2, fn2) == data
     assert be2.calls == [] and store2.stats.disk_hits == 4
+
+
+def test_writers_store_blocks_answered_together_in_few_thread_jobs(tmp_path, monkeypatch):
+    """Blocks answered on the trio thread at about the same time are written by the
+    background writers in fewer thread jobs than blocks (batchwrite.py), each one
+    whole: a fresh store reads every byte back from the disk without a GET."""
+    data = payload(16, 16 * BS)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.bin").write_bytes(data)
+
+    class AllOnLoop(LoopBackend):
+        async def read_async(self, key, offset, length, version):
+            await trio.sleep(0.01)
+            return PosixBackend.read(self, key, offset, length, version)
+    be = AllOnLoop(str(src))
+    info = be.stat("f.bin")
+    disk = DiskTier(str(tmp_path / "cache"), 1 << 30)
+    disk.load()
+    store = BlockStore(be, MemoryTier(1 << 30), disk, Stats(), block_size=BS,
+                       concurrency=16)
+    obj = Pinned(info.key, info.version, info.size)
+    jobs = []
+    put_all = batchwrite.put_all
+    monkeypatch.setattr(batchwrite, "put_all", lambda *a: (jobs.append(len(a[1])),
+                                                           put_all(*a)))
+
+    async def fn():
+        for i in range(16):
+            assert store.prefetch(obj, i, lim.PREFETCH)
+        await settle(store)
+    run_with_store(store, fn)
+    assert sum(jobs) == 16 and len(jobs) < 8, jobs
+    assert be.calls == []
+    be2, store2, obj2 = make(tmp_path, data, delay=0)
+
+    async def fn2():
+        return await store2.read(obj2, 0, len(data))
+    assert run_with_store(store2, fn2) == data
+    assert be2.calls == [] and store2.stats.disk_hits == 16
 
 
 def test_missing_object_error_reaches_reader_only(tmp_path):

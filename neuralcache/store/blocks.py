@@ -22,7 +22,7 @@ import time
 import trio
 
 from .. import cpuacct
-from . import hedge
+from . import batchwrite, hedge
 from . import limiter as lim
 from . import writeback
 from .pinned import Pinned
@@ -73,14 +73,11 @@ DISK_THREADS = 8
 # Threads for hedged GETs (store/hedge.py), at most: two per demand reader a job
 # typically has (DEFAULT_RESERVED_FOR_DEMAND).  Past it a hedge waits for one.
 HEDGE_THREADS = 2 * DEFAULT_RESERVED_FOR_DEMAND
-# A speculative load of a block up to this size writes it to the disk tier in the
-# thread of its GET (or, after a GET on the trio thread, in one thread job), not
-# through the background writers: one thread hand-off per cold small file instead of
-# two (~65 us of CPU each, a bare trio.to_thread.run_sync loop).  1 MiB: a disk write
-# of it (~0.1-0.5 ms) is small beside the GET, and no demand reader waits for it (one
-# that joins the load meanwhile waits that much longer).  At most DISK_THREADS such
-# writes at once; a block that finds them all busy, and every block at 0, goes
-# through the writers.
+# A speculative load of a block up to this size fetched in a worker thread is written
+# to the disk tier in that thread (one hand-off per cold small file, not two: ~65 us of
+# CPU each); one fetched on the trio thread goes to the writers, which write in batches
+# (batchwrite.py), or, staged, in a job of its own.  1 MiB: its write (~0.1-0.5 ms) is
+# small beside the GET.  At most DISK_THREADS such writes at once; past it, the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
 # How long a staged load's thread waits for one of those write slots (the disk sets
 # staging's pace) before it gives up: a disk that takes longer than this per write is
@@ -153,32 +150,34 @@ class BlockStore:
             await trio.sleep_forever()
 
     async def _disk_writer(self) -> None:
-        async for bk, data in self._recv:
-            stored = False
+        async for item in self._recv:
+            batch = [item]               # with what else comes soon (batchwrite.py)
             try:
-                stored = await trio.to_thread.run_sync(
-                    self.disk.put, bk, data, self.spec.waiting(bk), limiter=self._disk_threads)
-            except trio.Cancelled:     # the unmount, before the write began
-                self._cut_off.append((bk, data))        # (write_back writes it)
+                await batchwrite.gather(self._recv, batch)
+                stored = [False] * len(batch)
+                await trio.to_thread.run_sync(
+                    batchwrite.put_all, self.disk, batch,
+                    [self.spec.waiting(bk) for bk, _ in batch], stored,
+                    limiter=self._disk_threads)
+            except trio.Cancelled:     # the unmount, before the writes began
+                self._cut_off.extend(batch)             # (write_back writes them)
                 raise
-            except Exception:  # a cache failure is never a reader's failure
-                log.exception("disk cache write failed")
             finally:
-                self.write_queue_bytes -= len(data)
-                self._queued.pop(bk, None)
-            let_go = bk in self._let_go
-            self._let_go.discard(bk)
-            if let_go and not stored and not self.disk.settled(bk) and self.mem.get(bk) is None:
-                # ``consumed`` let it go counting on this write: memory keeps it (not a
-                # block the LRU evicted: that one goes, as it would without a disk)
-                self.mem.put(bk, data)
+                for bk, data in batch:
+                    self.write_queue_bytes -= len(data)
+                    self._queued.pop(bk, None)
+            for (bk, data), ok in zip(batch, stored):
+                if bk in self._let_go:  # ``consumed`` let it go counting on this write:
+                    self._let_go.discard(bk)   # failed, memory keeps it (not one the LRU
+                    if not ok and not self.disk.settled(bk) and self.mem.get(bk) is None:
+                        self.mem.put(bk, data)        # evicted: as without a disk)
 
     async def write_back(self, budget_s: float) -> tuple[int, int, bool]:
         """After the unmount, ``run`` cancelled: write to the disk tier the blocks only
         memory or the write queue holds (their write was skipped with the queue full,
         failed, or had not run yet), most recently used first, so that the next mount
-        of this cache finds them (store/writeback.py: the budget, an outage).
-        (blocks written, bytes written, whether nothing is left unwritten)."""
+        of this cache finds them (store/writeback.py: the budget, an outage).  (Blocks
+        written, bytes written, whether nothing is left unwritten.)"""
         todo: dict[BlockKey, object] = dict(self._cut_off)
         self._cut_off.clear()
         while True:                          # what the cancelled writers left queued
@@ -388,9 +387,9 @@ class BlockStore:
     def stage_room(self) -> int:
         """Bytes staged loads may still bring (``prefetch(stage=True)``): the disk's
         prefetch budget (``stage_limit``) less the speculative bytes unread in the disk
-        tier or on their way there, and at most its free space less a block (for the
-        reads' own writes): staging never evicts (what it would evict may be read this
-        epoch too); 0 when the disk tier takes no writes."""
+        tier or on their way there, at most its free space less a block (the reads' own
+        writes): staging never evicts (that may be read this epoch too); 0 when the
+        disk tier takes no writes."""
         if self.disk is None or not self.disk.writable:
             return 0
         free = self.disk.limit - self.disk.used - self.spec.staging - self.block_size
@@ -400,10 +399,9 @@ class BlockStore:
     def prefetch(self, obj: Pinned, index: int, kind: int = lim.READAHEAD,
                  stage: bool = False) -> bool:
         """Start loading a block speculatively unless present; True if started.
-        ``stage``: for the disk tier (memory's prefetch budget is full; ``stage_room``):
-        the fetching thread writes it there (else the background writers do; with their
-        queue full it is dropped) and memory does not keep it, unless a reader joins
-        the load."""
+        ``stage``: for the disk tier (memory's prefetch budget is full; ``stage_room``),
+        written there by its load (else by the writers; their queue full, dropped), not
+        kept in memory unless a reader joins the load."""
         if self._nursery is None or index < 0 or index >= self.nblocks(obj):
             return False
         bk = BlockKey(obj.key, obj.version, index)
@@ -532,9 +530,8 @@ class BlockStore:
 
     async def _fetch(self, bk: BlockKey, obj: Pinned, off: int, length: int,
                      flight: _Flight) -> bytes:
-        """One ranged read, on this thread where the backend can (backends/s3trio.py);
-        one of at most INLINE_DISK_WRITE_MAX, not demanded, or a staged one, is stored in
-        a thread (``flight.stored``); hedged when slow (store/hedge.py)."""
+        """One ranged read, on this thread where the backend can (backends/s3trio.py),
+        stored as INLINE_DISK_WRITE_MAX says (``flight.stored``); hedged when slow."""
         def read():
             return self._remote_read(obj, off, length)
         on_loop = None if self._read_async is None else (     # s3trio.py, where it can
@@ -567,14 +564,17 @@ class BlockStore:
                 return data
 
             async def first() -> bytes:
-                # the loop's GET takes no thread token (the ticket bounds it); its store, its own
+                # the loop's GET takes no thread token (the ticket bounds it); its block
+                # goes to the writers (in batches), or, staged, is stored at the disk's pace
                 data = await on_loop() if on_loop is not None else None
                 if data is None:
                     return await trio.to_thread.run_sync(
                         lambda: store(read()), limiter=self._backend_threads,
                         abandon_on_cancel=True)
-                return data if not inline else await trio.to_thread.run_sync(
-                    store, data, limiter=self._store_threads, abandon_on_cancel=True)
+                if not (inline and flight.stage):
+                    return data
+                return await trio.to_thread.run_sync(store, data, abandon_on_cancel=True,
+                                                     limiter=self._store_threads)
             flight.running = flight_running = hedge.Running()
             try:
                 return await flight.running.run(first)
