@@ -5,7 +5,7 @@ import time
 import pytest
 import trio
 
-from neuralcache.store import batchwrite, limiter as lim
+from neuralcache.store import batches, limiter as lim
 from neuralcache.backends.posix import PosixBackend
 from neuralcache.store.blocks import BlockStore, Pinned
 from neuralcache.store.writeback import WRITE_BACK_WRITERS
@@ -319,8 +319,9 @@ def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
 
 def test_writers_store_blocks_answered_together_in_few_thread_jobs(tmp_path, monkeypatch):
     """Blocks answered on the trio thread at about the same time are written by the
-    background writers in fewer thread jobs than blocks (batchwrite.py), each one
-    whole: a fresh store reads every byte back from the disk without a GET."""
+    background writers in fewer thread jobs than blocks (batches.py), each one
+    whole: a fresh store reads every byte back from the disk without a GET; loaded
+    ahead, in fewer thread jobs than blocks too."""
     data = payload(16, 16 * BS)
     src = tmp_path / "src"
     src.mkdir()
@@ -338,8 +339,8 @@ def test_writers_store_blocks_answered_together_in_few_thread_jobs(tmp_path, mon
                        concurrency=16)
     obj = Pinned(info.key, info.version, info.size)
     jobs = []
-    put_all = batchwrite.put_all
-    monkeypatch.setattr(batchwrite, "put_all", lambda *a: (jobs.append(len(a[1])),
+    put_all = batches.put_all
+    monkeypatch.setattr(batches, "put_all", lambda *a: (jobs.append(len(a[1])),
                                                            put_all(*a)))
 
     async def fn():
@@ -355,6 +356,16 @@ def test_writers_store_blocks_answered_together_in_few_thread_jobs(tmp_path, mon
         return await store2.read(obj2, 0, len(data))
     assert run_with_store(store2, fn2) == data
     assert be2.calls == [] and store2.stats.disk_hits == 16
+    be3, store3, obj3 = make(tmp_path, data, delay=0)   # loaded ahead from the disk:
+
+    async def fn3():                                     # read in few thread jobs
+        for i in range(16):
+            assert store3.prefetch(obj3, i, lim.PREFETCH)
+        await settle(store3)
+        return await store3.read(obj3, 0, len(data))
+    assert run_with_store(store3, fn3) == data
+    assert be3.calls == [] and store3.stats.disk_hits == 0         # (from memory)
+    assert store3._disk_reads.calls == 16 and store3._disk_reads.batches < 8
 
 
 def test_missing_object_error_reaches_reader_only(tmp_path):

@@ -421,7 +421,7 @@ class Prefetcher:
         """Speculative bytes in flight; unread in memory: loaded and not read yet, or
         in flight for memory with no reader waiting for them (BlockStore counts both);
         and the bytes staged loads may still bring to the disk tier."""
-        return (self.store.speculative_inflight_bytes(),
+        return (self.store.spec.inflight,
                 self.store.speculative_unread_bytes(), self.store.stage_room())
 
     def _full(self, inflight: int, unread: int, room: int, target: int) -> bool:

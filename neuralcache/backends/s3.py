@@ -499,7 +499,7 @@ class S3Backend(S3Writes, S3List):
                           lambda: self._direct_read(key, offset, length, version))
 
     async def read_async(self, key: str, offset: int, length: int,
-                         version: str) -> bytes | None:
+                         version: str) -> bytes | memoryview | None:
         """``read`` of at most s3trio.MAX_BYTES on the trio thread, or None: call
         ``read`` (in a thread) instead.  Never raises a domain error: an answer that
         means one (404, 412, a region redirect) is left to ``read``."""

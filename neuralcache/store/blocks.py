@@ -22,7 +22,7 @@ import time
 import trio
 
 from .. import cpuacct
-from . import batchwrite, hedge
+from . import batches, hedge
 from . import limiter as lim
 from . import writeback
 from .pinned import Pinned
@@ -70,13 +70,16 @@ DISK_WRITE_QUEUE_MIN_BLOCKS = 8
 DISK_WRITE_QUEUE_ENTRIES = 1024
 # Disk-tier worker threads (reads and writes).
 DISK_THREADS = 8
+# Of them, jobs reading the small blocks loaded ahead (batches.Combined): two, as for
+# the writers, so that a prefetch plan's reads go together (no other count measured).
+DISK_READ_JOBS = 2
 # Threads for hedged GETs (store/hedge.py), at most: two per demand reader a job
 # typically has (DEFAULT_RESERVED_FOR_DEMAND).  Past it a hedge waits for one.
 HEDGE_THREADS = 2 * DEFAULT_RESERVED_FOR_DEMAND
 # A speculative load of a block up to this size fetched in a worker thread is written
 # to the disk tier in that thread (one hand-off per cold small file, not two: ~65 us of
 # CPU each); one fetched on the trio thread goes to the writers, which write in batches
-# (batchwrite.py), or, staged, in a job of its own.  1 MiB: its write (~0.1-0.5 ms) is
+# (batches.py), or, staged, in a job of its own.  1 MiB: its write (~0.1-0.5 ms) is
 # small beside the GET.  At most DISK_THREADS such writes at once; past it, the writers.
 INLINE_DISK_WRITE_MAX = 1 << 20
 # How long a staged load's thread waits for one of those write slots (the disk sets
@@ -123,6 +126,8 @@ class BlockStore:
         self._disk_threads = trio.CapacityLimiter(DISK_THREADS)
         self._hedge_threads = trio.CapacityLimiter(HEDGE_THREADS)
         self._inline_writes = threading.Semaphore(DISK_THREADS)   # see INLINE_DISK_WRITE_MAX
+        self._disk_reads = batches.Combined(lambda bk: self.disk.get(bk), DISK_READ_JOBS,
+                                            self._disk_threads)
         self._flights: dict[BlockKey, _Flight] = {}
         self.spec = Ledger(stats, disk.taken if disk is not None else None)   # unread
         # unread speculative bytes the disk tier may hold (STAGE_FRACTION)
@@ -151,12 +156,12 @@ class BlockStore:
 
     async def _disk_writer(self) -> None:
         async for item in self._recv:
-            batch = [item]               # with what else comes soon (batchwrite.py)
+            batch = [item]
             try:
-                await batchwrite.gather(self._recv, batch)
+                await batches.gather(self._recv, batch)   # and what else comes soon
                 stored = [False] * len(batch)
                 await trio.to_thread.run_sync(
-                    batchwrite.put_all, self.disk, batch,
+                    batches.put_all, self.disk, batch,
                     [self.spec.waiting(bk) for bk, _ in batch], stored,
                     limiter=self._disk_threads)
             except trio.Cancelled:     # the unmount, before the writes began
@@ -313,8 +318,8 @@ class BlockStore:
                 off, length = self.block_range(obj, index)
                 await flight.running.join(
                     flight.done, lambda: self._remote_read(obj, off, length),
-                    self.hedge_delay(), self._nursery, st, f"{obj.key} @{off}",
-                    self._hedge_threads)
+                    hedge.delay(st, self.hedge_max_s), self._nursery, st,
+                    f"{obj.key} @{off}", self._hedge_threads)
             else:
                 await flight.done.wait()
         if scope.cancelled_caught:
@@ -330,12 +335,12 @@ class BlockStore:
         """A sequential reader left this block behind (ahead/readahead.py ``behind``):
         the page cache holds its bytes and the disk tier has them, will or declined, so
         the memory tier lets it go now instead of at LRU time, and its buffer goes back
-        to the recycler (buffers.Recycler).  A cold 1 GiB read then keeps its
-        read-ahead in memory, not the whole GiB.  Without a disk tier the memory tier
-        is the only copy.  A block in memory only (its write skipped, the queue full:
-        the disk was behind; or failed) is queued now if ``_queue_late`` may, else stays.  A
-        block let go while its write is queued is remembered (``_let_go``, bounded by
-        the queue) so that ``_disk_writer`` puts it back if that write fails."""
+        to the recycler (buffers.Recycler): a cold 1 GiB read keeps its read-ahead in
+        memory, not the whole GiB.  Without a disk tier memory is the only copy.  A
+        block in memory only (its write skipped, the queue full: the disk was behind;
+        or failed) is queued now if ``_queue_late`` may, else stays.  A block let go
+        while its write is queued is remembered (``_let_go``, bounded by the queue) so
+        that ``_disk_writer`` puts it back if that write fails."""
         bk = BlockKey(obj.key, obj.version, index)
         if self.disk is None:
             return
@@ -375,9 +380,6 @@ class BlockStore:
     def _for_disk(self, bk: BlockKey) -> bool:
         """The disk tier holds ``bk`` or declined it (``settled``), or its write is queued."""
         return bk in self._queued or self.disk.settled(bk)
-
-    def speculative_inflight_bytes(self) -> int:
-        return self.spec.inflight
 
     def speculative_unread_bytes(self) -> int:
         """Speculative bytes bound for memory that no reader has read or is waiting
@@ -438,11 +440,12 @@ class BlockStore:
     async def _load_inner(self, bk: BlockKey, obj: Pinned, flight: _Flight) -> bytes:
         st = self.stats
         if self.disk is not None and self._for_disk(bk):
-            # (its write still queued: those bytes; no buffer is recycled while viewed)
-            data = self._queued.get(bk)
-            if data is None:
-                data = await trio.to_thread.run_sync(self.disk.get, bk,
-                                                     limiter=self._disk_threads)
+            data = self._queued.get(bk)    # (its write queued; nothing viewed is recycled)
+            small = self.block_range(obj, bk.index)[1] <= INLINE_DISK_WRITE_MAX
+            if data is None and small and not flight.joined:   # with others (batches.py)
+                data = await self._disk_reads.call(self._nursery, bk)
+            elif data is None:                                 # a demand read: alone
+                data = await trio.to_thread.run_sync(self.disk.get, bk, limiter=self._disk_threads)
             if data is not None:
                 spilled = self.spec.from_disk(bk)
                 if flight.kind == lim.DEMAND:
@@ -580,8 +583,9 @@ class BlockStore:
                 return await flight.running.run(first)
             finally:
                 flight.running = None
-        return await hedge.demand(read, self.hedge_delay(), self.stats, f"{obj.key} @{off}",
-                                  self._hedge_threads, on_loop)
+        return await hedge.demand(read, hedge.delay(self.stats, self.hedge_max_s),
+                                  self.stats, f"{obj.key} @{off}", self._hedge_threads,
+                                  on_loop)
 
     def _remote_read(self, obj: Pinned, off: int, length: int) -> bytes:
         """The backend's read (blocking: a worker thread's), its CPU counted as fetch."""
@@ -591,10 +595,6 @@ class BlockStore:
         finally:
             cpuacct.charge("fetch", t0)
 
-    def hedge_delay(self) -> float:
-        return hedge.delay(self.stats, self.hedge_max_s)
-
     def latency_estimate(self) -> float:
-        """Median backend latency of recent block fetches (seconds), for Little's law;
-        the emulated WAN round trip (60 ms) until there are samples."""
+        """Median latency of recent block fetches (s), for Little's law; 60 ms at first."""
         return self.stats.latency_quantile(0.5, default=0.06)
