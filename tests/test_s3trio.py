@@ -202,6 +202,31 @@ def test_an_old_idle_connection_is_not_reused(monkeypatch):
     assert out["result"] == [BODY[:100]] * 2 and out["accepted"] == 2
 
 
+def test_an_origin_no_longer_asked_has_its_idle_connections_closed(monkeypatch):
+    """After a region switch no GET goes to the old origin again: its idle connections
+    are closed once they are IDLE_MAX_S old, by a GET to another origin."""
+    monkeypatch.setattr(s3trio, "IDLE_MAX_S", 0.05)
+
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def main():
+        async with trio.open_nursery() as n:
+            (port_a, _), (port_b, _) = await serve(n, answer), await serve(n, answer)
+            gets = s3trio.TrioGets()
+            assert await read(gets, f"http://127.0.0.1:{port_a}/bucket/k") == BODY[:100]
+            (old,) = gets._idle[("http", "127.0.0.1", port_a)]
+            await trio.sleep(0.1)
+            assert await read(gets, f"http://127.0.0.1:{port_b}/bucket/k") == BODY[:100]
+            assert not gets._idle[("http", "127.0.0.1", port_a)]
+            assert old.sock.fileno() == -1                       # closed
+            assert len(gets._idle[("http", "127.0.0.1", port_b)]) == 1
+            gets.close()
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
 def test_signature_matches_botocore():
     """The same GET signed by botocore's S3SigV4Auth (unsigned payload, same headers,
     same instant) carries the same signature."""

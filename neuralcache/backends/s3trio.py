@@ -157,6 +157,7 @@ class TrioGets:
         self._ssl: ssl.SSLContext | None = None
         self._fails = 0
         self._rest_until = 0.0
+        self._sweep_at = 0.0   # when _give_back next closes old idle connections
         self.used = 0          # GETs served this way (stats)
         self.fell_back = 0     # attempts the thread path then served
 
@@ -232,8 +233,13 @@ class TrioGets:
         return None
 
     def _give_back(self, conn: _Conn) -> None:
-        idle = self._idle.setdefault(conn.where, collections.deque())
         now = time.monotonic()
+        if now >= self._sweep_at:   # every origin's, once in IDLE_MAX_S: an old region's
+            self._sweep_at = now + IDLE_MAX_S        # (after a switch) no GET takes again
+            for idle in self._idle.values():
+                while idle and now - idle[0].idle_since >= IDLE_MAX_S:
+                    idle.popleft().close()
+        idle = self._idle.setdefault(conn.where, collections.deque())
         while idle and now - idle[0].idle_since >= IDLE_MAX_S:   # the oldest: closed,
             idle.popleft().close()                              # not left in CLOSE_WAIT
         if len(idle) >= IDLE_KEEP:
