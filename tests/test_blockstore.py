@@ -280,9 +280,9 @@ class LoopBackend(CountingBackend):
 
 def test_reads_on_the_trio_thread_speculative_and_demand(tmp_path):
     """A speculative load the backend answers on the trio thread is stored on disk by
-    the writers, one read() answers in a thread stores itself; a demand read takes the same way first; a None falls back to
-    read() in a thread.  Every byte is checked, and again from the disk on a fresh
-    store."""
+    the writers; one that read() answers in a thread is stored by that thread; a
+    demand read takes the same way first; a None falls back to read() in a thread.
+    Every byte is checked, and again from the disk on a fresh store."""
     data = payload(15, 4 * BS)
     src = tmp_path / "src"
     src.mkdir()
@@ -356,7 +356,8 @@ def test_writers_store_blocks_answered_together_in_few_thread_jobs(tmp_path, mon
         return await store2.read(obj2, 0, len(data))
     assert run_with_store(store2, fn2) == data
     assert be2.calls == [] and store2.stats.disk_hits == 16
-    be3, store3, obj3 = make(tmp_path, data, delay=0)   # loaded ahead from the disk:
+    assert store2._disk_reads.calls == 0                 # demand reads: each alone
+    be3, store3, obj3 = make(tmp_path, data, delay=0, mem=4 << 20)   # loaded ahead:
 
     async def fn3():                                     # read in few thread jobs
         for i in range(16):

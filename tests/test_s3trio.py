@@ -269,6 +269,31 @@ def test_an_answer_that_closes_is_not_reused(head):
     assert out["result"] == [BODY[:100], BODY[100:200]] and out["accepted"] == 2
 
 
+def test_a_large_answer_is_a_view_a_small_or_long_headed_one_a_copy():
+    """A body of VIEW_MIN or more is handed on as a view of its buffer (no copy); a
+    smaller one, or one whose long head made the buffer grow, as bytes (the memory
+    tier counts only the body's length)."""
+    big = os.urandom(100_000)
+    heads = iter(["", "x-amz-meta-note: " + "v" * 3000 + "\r\n", ""])
+
+    async def answer(head, stream, n):
+        rng = next(line for line in head.split("\r\n") if line.startswith("Range:"))
+        a, b = (int(x) for x in rng.split("=")[1].split("-"))
+        await stream.send_all((f"HTTP/1.1 206 Partial Content\r\n{next(heads)}"
+                               f"Content-Length: {b + 1 - a}\r\n\r\n").encode()
+                              + big[a:b + 1])
+        return True
+
+    async def reads(gets, url):
+        return [await read(gets, url, 0, 100_000), await read(gets, url, 0, 100_000),
+                await read(gets, url, 5, s3trio.VIEW_MIN - 1)]
+    out = run(answer, reads)
+    view, grown, small = out["result"]
+    assert view == big and type(view) is memoryview and view.nbytes == 100_000
+    assert grown == big and type(grown) is bytes
+    assert small == big[5:5 + s3trio.VIEW_MIN - 1] and type(small) is bytes
+
+
 def test_a_long_head_content_encoding_and_the_host_header():
     """A head longer than the buffer's slack; Content-Encoding is the object's own
     metadata (S3 answers the stored bytes); Host carries no default port."""

@@ -52,6 +52,12 @@ IDLE_MAX_S = 15.0
 IDLE_KEEP = 256
 # Bytes of response head read at most (S3's are ~500).
 HEAD_MAX = 16 << 10
+# Room for the response head in the buffer a GET is received into (a longer head
+# makes it grow).
+HEAD_ROOM = 1 << 10
+# An answer's body at least this long is handed on as a view of the buffer it was
+# received into (a copy below it: its head and spare 1 KiB would be >3 % on top).
+VIEW_MIN = 32 << 10
 # What read() returns for an attempt that failed in transport (the thread path then
 # serves it, and the backend counts it as a retry).
 FAILED = object()
@@ -276,7 +282,7 @@ class TrioGets:
         after a complete answer that keeps it open.  Each read that brings bytes moves
         ``scope``'s deadline (TIMEOUT_S)."""
         keep = False
-        buf = bytearray(length + 1024)
+        buf = bytearray(length + HEAD_ROOM)
         view = memoryview(buf)
         got = 0
         try:
@@ -338,9 +344,13 @@ class TrioGets:
                 got += n
                 scope.deadline = trio.current_time() + TIMEOUT_S
             keep = not close
-            # a view, not a copy: the buffer's head and spare ~1 KiB live as long as it
-            # (the zero-fill and a copy of each answer: 7 % of the trio thread's py-spy
-            # samples, bench.breakdown --py-spy 100 files cold; the zero-fill is left)
+            # A view, not a copy (the zero-fill and a copy of each answer: 7 % of the
+            # trio thread's py-spy samples, bench.breakdown --py-spy 100, files cold;
+            # the zero-fill is left), where the buffer is the body and HEAD_ROOM: the
+            # memory tier counts the body only.  A copy for a body under VIEW_MIN, or
+            # a buffer a long head made grow (and over-allocate).
+            if clen < VIEW_MIN or len(buf) != length + HEAD_ROOM:
+                return status, bytes(view[start:total])
             return status, view[start:total]
         finally:
             if keep:

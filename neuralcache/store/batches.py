@@ -72,18 +72,21 @@ def put_all(disk, batch: list[tuple], unread: list[bool], stored: list[bool]) ->
 
 
 class _Call:
-    __slots__ = ("arg", "result", "error", "done", "dropped")
+    __slots__ = ("arg", "size", "result", "error", "done", "dropped")
 
-    def __init__(self, arg):
-        self.arg, self.result, self.error, self.done = arg, None, None, trio.Event()
+    def __init__(self, arg, size: int):
+        self.arg, self.size, self.result, self.error = arg, size, None, None
+        self.done = trio.Event()
         self.dropped = False     # its caller left before a job took it: not run
 
 
 class Combined:
-    """``await call(nursery, arg)``: ``fn(arg)`` in a worker thread, with at most
-    ``jobs`` jobs (from ``limiter``) at once, each running every call waiting when it
-    starts (at most BATCH_MAX_BLOCKS), in order.  ``fn``'s exception is the call's.
-    A job cancelled before its thread began (the unmount) answers its calls None."""
+    """``await call(nursery, arg, size)``: ``fn(arg)`` in a worker thread, with at most
+    ``jobs`` jobs (from ``limiter``) at once, each running the calls waiting when it
+    starts, in order, up to BATCH_MAX_BLOCKS calls or BATCH_MAX_BYTES of ``size`` (so
+    that a reader who joins one of them waits for a few ms of disk reads at most).
+    ``fn``'s exception is the call's.  A job cancelled before its thread began (the
+    unmount) answers None to its calls and to every call still waiting."""
 
     def __init__(self, fn, jobs: int, limiter: trio.CapacityLimiter):
         self.fn, self.jobs, self.limiter = fn, jobs, limiter
@@ -91,12 +94,12 @@ class Combined:
         self._running = 0
         self.calls = self.batches = 0      # (tests; how well calls combine)
 
-    async def call(self, nursery: trio.Nursery, arg):
-        c = _Call(arg)
+    async def call(self, nursery: trio.Nursery, arg, size: int = 0):
+        c = _Call(arg, size)
         self._waiting.append(c)
         if self._running < self.jobs:
-            self._running += 1
             nursery.start_soon(self._run)
+            self._running += 1
         try:
             await c.done.wait()
         except BaseException:
@@ -109,11 +112,13 @@ class Combined:
     async def _run(self) -> None:
         try:
             while self._waiting:
-                batch = []
-                while self._waiting and len(batch) < BATCH_MAX_BLOCKS:
+                batch, size = [], 0
+                while (self._waiting and len(batch) < BATCH_MAX_BLOCKS
+                       and size < BATCH_MAX_BYTES):
                     c = self._waiting.popleft()
                     if not c.dropped:
                         batch.append(c)
+                        size += c.size
                 if not batch:
                     continue
                 self.calls += len(batch)
@@ -123,6 +128,10 @@ class Combined:
                 finally:
                     for c in batch:
                         c.done.set()
+        except BaseException:        # cancelled: no job of ours may take the rest
+            while self._waiting:
+                self._waiting.popleft().done.set()
+            raise
         finally:
             self._running -= 1
 

@@ -1,7 +1,7 @@
 """BlockStore: where a read gets its blocks.  Memory tier, then disk tier, then one
 single-flight fetch from the backend; fetched blocks are written to the disk tier in
-the background (small speculative ones by the thread that fetched them).  The only
-path from the read side to the backend.
+the background (small speculative ones fetched in a thread by that thread), several
+per thread job (batches.py).  The only path from the read side to the backend.
 
 Concurrency invariants (see DEVELOPING.md):
 * every call here runs on the trio loop; blocking work (backend, disk) runs in worker
@@ -441,9 +441,9 @@ class BlockStore:
         st = self.stats
         if self.disk is not None and self._for_disk(bk):
             data = self._queued.get(bk)    # (its write queued; nothing viewed is recycled)
-            small = self.block_range(obj, bk.index)[1] <= INLINE_DISK_WRITE_MAX
-            if data is None and small and not flight.joined:   # with others (batches.py)
-                data = await self._disk_reads.call(self._nursery, bk)
+            n = self.block_range(obj, bk.index)[1]
+            if data is None and n <= INLINE_DISK_WRITE_MAX and not flight.joined:
+                data = await self._disk_reads.call(self._nursery, bk, n)   # (batches.py)
             elif data is None:                                 # a demand read: alone
                 data = await trio.to_thread.run_sync(self.disk.get, bk, limiter=self._disk_threads)
             if data is not None:
