@@ -171,9 +171,10 @@ class TrioGets:
         return s3native.resting(self)
 
     async def read(self, creds, region: str, url: str, offset: int, length: int,
-                   version: str) -> memoryview | object | None:
-        """The bytes (a view); None (resting, or an answer the thread path is to interpret) or
-        FAILED (a transport failure): ask the thread path (see the module doc)."""
+                   version: str) -> bytes | memoryview | object | None:
+        """The bytes (a memoryview from VIEW_MIN on); None (resting, or an answer the
+        thread path is to interpret) or FAILED (a transport failure): ask the thread
+        path (see the module doc)."""
         if self.resting():
             return None
         cut = url.index("/", url.index("//") + 2)
