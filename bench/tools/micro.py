@@ -23,7 +23,7 @@
     python -m bench.micro small-gets [--n 2000] [--inflight 16,128] [--rounds 2]
         CPU per 100 KB GET over the WAN emulator: a worker thread per GET (obstore
         get), one asyncio thread beside trio (obstore get_async), and the daemon's
-        GETs on the trio thread (backends/s3trio.py).
+        GETs on the trio thread (backends/s3trio.py), with its receive calls per GET.
     python -m bench.micro lru-leak [--n 300]
         RSS growth of evicting n 1 MiB values from lru-dict with popitem() vs
         peek_last_item() + del (the memory tier uses the latter).
