@@ -268,10 +268,13 @@ def test_concurrent_cold_misses_fetch_each_block_about_once(s3, cluster, origin,
     # run cannot judge the leases.  Requests past their deadline are the same on a
     # smaller scale (each is a miss, by design, and its block comes from the origin:
     # CI on 8e1e97b, 1.36x the dataset with 3 and 6 timeouts on two nodes).  Measure
-    # once more on fresh nodes and a fresh prefix.
-    total, wan, ss = attempt(0)
-    if any(s["shared_breaker_trips"] or s.get("shared_timeouts") for s in ss):
-        total, wan, ss = attempt(1)
+    # again on fresh nodes and a fresh prefix, up to three runs in all (CI on ef78753:
+    # the first two both stalled, a breaker opened in the second), judging the first
+    # run that did not stall, else the last.
+    for n in range(3):
+        total, wan, ss = attempt(n)
+        if not any(s["shared_breaker_trips"] or s.get("shared_timeouts") for s in ss):
+            break
     fetched = sum(s["bytes_fetched"] for s in ss)
     # without leases each node would fetch all of it: 3x
     assert fetched <= 1.3 * total, json.dumps([round(fetched / total, 2)] + [
