@@ -11,8 +11,9 @@ on the trio thread a handler that awaits lets other tasks run on the same clock,
 the trio thread is split into ``ahead`` (read-ahead and prefetch decisions, which never
 await) and ``loop_other`` (FUSE handlers, the block store and memory tier, pyfuse3
 reading requests and writing replies, trio's scheduling, and the small GETs made on
-the trio thread, backends/s3trio.py: ``fetch`` counts only the thread paths').  ``worker_other`` is worker
-threads' CPU outside fetch and disk (trio's thread cache, listing, metrics).
+the trio thread, backends/s3trio.py: ``fetch`` counts only the thread paths').
+``worker_other`` is worker threads' CPU outside fetch and disk (trio's thread cache,
+listing, metrics).
 
     t0 = cpuacct.clock()
     ... work ...

@@ -241,14 +241,16 @@ class TrioGets:
 
     def _give_back(self, conn: _Conn) -> None:
         now = time.monotonic()
-        if now >= self._sweep_at:   # every origin's, once in IDLE_MAX_S: an old region's
-            self._sweep_at = now + IDLE_MAX_S        # (after a switch) no GET takes again
-            for idle in self._idle.values():
-                while idle and now - idle[0].idle_since >= IDLE_MAX_S:
-                    idle.popleft().close()
         idle = self._idle.setdefault(conn.where, collections.deque())
-        while idle and now - idle[0].idle_since >= IDLE_MAX_S:   # the oldest: closed,
-            idle.popleft().close()                              # not left in CLOSE_WAIT
+        # idle connections over IDLE_MAX_S are closed, not left in CLOSE_WAIT: this
+        # origin's now, every origin's once in IDLE_MAX_S (an old region's, after a
+        # switch, which no GET takes again)
+        sweep = now >= self._sweep_at
+        if sweep:
+            self._sweep_at = now + IDLE_MAX_S
+        for old in self._idle.values() if sweep else (idle,):
+            while old and now - old[0].idle_since >= IDLE_MAX_S:
+                old.popleft().close()
         if len(idle) >= IDLE_KEEP:
             conn.close()
             return
