@@ -96,6 +96,14 @@ class Node:
         for col, value in values.items():
             setattr(self, "_" + col, value)
 
+    def assign_soon(self, **values) -> None:
+        """``assign``, the row written later (meta/rows.py ``set_soon``): for what
+        changes on every WRITE of a --writable mount."""
+        assert values.keys() <= Node._ASSIGNABLE, values
+        self._ns.rows.set_soon(self.inode, **values)
+        for col, value in values.items():
+            setattr(self, "_" + col, value)
+
     def __init__(self, ns: "Namespace", row: Row):
         self._ns = ns
         self.inode, self.is_dir = row.ino, bool(row.dir)
@@ -297,6 +305,7 @@ class Namespace:
         """The key prefix of a listed directory ("a/b/", "" for the root) and its files'
         (name, size), unordered (predictors/packed.py packs them)."""
         key = self.dirs[dir_inode].key if dir_inode in self.dirs else ""
+        self.rows.write_soon()
         rows = self.rows.db.execute(
             "SELECT name, size FROM e WHERE parent = ? AND dir = 0 AND removed = 0",
             (dir_inode,)).fetchall()
@@ -383,6 +392,7 @@ class Namespace:
         listed): the next look lists it again."""
         d = self.dirs[dir_inode]
         db = self.rows.db
+        self.rows.write_soon()
         n, nbytes = db.execute("SELECT count(*), total(size) FROM e WHERE parent = ? AND "
                                "dir = 0 AND removed = 0", (dir_inode,)).fetchone()
         for sub in self.children_dirs(dir_inode):

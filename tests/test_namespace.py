@@ -449,6 +449,48 @@ def test_lookup_counts_wait_and_are_written_before_anything_reads_by_them():
         ns.close()
 
 
+def test_attributes_set_soon_are_written_before_anything_reads_them():
+    """A --writable mount's every WRITE sets size/mtime/version/ctime: kept in memory
+    (a statement each was a GIL retake), written before a read of the table (get,
+    child, page, names_in_dir, evict_listing's total) and at the bound; a later
+    immediate set supersedes what waits; a deleted row's wait goes with it."""
+    from neuralcache.meta import rows as rows_mod
+    ns = Namespace()
+    try:
+        rows = ns.rows
+        rows.insert([(100 + i, 1, f"f{i}", 0, 10, 1.0, "v0", 1.0, 0.0, i) for i in range(3)])
+        column = lambda ino: rows.db.execute("SELECT size, mtime, version FROM e "
+                                             "WHERE ino = ?", (ino,)).fetchone()
+        rows.set_soon(100, size=20, mtime=2.0)
+        rows.set_soon(100, size=30, version="v1")         # merged with what waits
+        assert column(100) == (10, 1.0, "v0")              # not written yet
+        assert rows.get(100)[4:7] == (30, 2.0, "v1") and column(100) == (30, 2.0, "v1")
+        rows.set_soon(101, size=40)
+        assert rows.child(1, "f1").size == 40
+        rows.set_soon(102, size=50)
+        assert [r.size for r in rows.page(1, 0, 10)] == [30, 40, 50]
+        rows.set_soon(102, size=60)
+        assert dict(ns.names_in_dir(1)[1])["f2"] == 60
+        rows.set_soon(101, size=70, mtime=7.0)
+        rows.set_many(101, size=80)          # supersedes the waiting size, not mtime
+        assert rows.get(101)[4:6] == (80, 7.0)
+        rows.set_soon(101, size=90)
+        rows.set(101, "size", 91)
+        assert rows.get(101).size == 91
+        rows.set_soon(102, size=99)
+        rows.delete(102)
+        assert 102 not in rows._soon and rows.get(102) is None
+        for i in range(rows_mod.PENDING_SETS_MAX):         # the bound writes them
+            rows.set_soon(10 ** 6 + i, size=i)
+        assert not rows._soon
+        node = ns.get(100)                   # a Node's own values at once, its row later
+        node.assign_soon(size=123, mtime=9.0)
+        assert (node.size, node.mtime) == (123, 9.0) and column(100)[0] == 30
+        assert rows.get(100).size == 123
+    finally:
+        ns.close()
+
+
 class CountingBackend(TreeBackend):
     """Listings take ``delay`` each; counts how many run at once."""
 

@@ -62,6 +62,14 @@ _INSERT = ("INSERT OR IGNORE INTO e(ino, parent, name, dir, size, mtime, version
 # are written together (one statement per distinct count) before anything reads or
 # deletes by lookup count, and once this many inodes wait; a few KB of memory.
 PENDING_LOOKUPS_MAX = 1000
+# Attributes set "soon" (``set_soon``) and not yet written, by inode: a --writable
+# mount's size, mtime, version and ctime after every FUSE WRITE.  A statement per
+# WRITE was 15 % of the trio thread's samples while a 1 GiB file was written in 1 MiB
+# writes (py-spy --native --idle, bench/RESULTS.md fortieth sitting): the GIL retake
+# after each statement waits behind the worker threads landing the earlier writes.
+# They are written before anything reads attributes from the table, and once this
+# many inodes wait.
+PENDING_SETS_MAX = 1000
 
 
 class Row(NamedTuple):
@@ -103,6 +111,7 @@ class Rows:
         """)
         self.cache_bytes = cache_bytes
         self._pending: dict[int, int] = {}     # ino -> lookups to add (PENDING_LOOKUPS_MAX)
+        self._soon: dict[int, dict] = {}       # ino -> columns to set (PENDING_SETS_MAX)
 
     def close(self) -> None:
         self.db.close()
@@ -114,10 +123,14 @@ class Rows:
 
     # -- reads -----------------------------------------------------------------------
     def get(self, ino: int) -> Row | None:
+        if self._soon:
+            self.write_soon()
         r = self.db.execute(f"SELECT {_COLS} FROM e WHERE ino = ?", (ino,)).fetchone()
         return Row(*r) if r else None
 
     def child(self, parent: int, name: str) -> Row | None:
+        if self._soon:
+            self.write_soon()
         r = self.db.execute(f"SELECT {_COLS} FROM e WHERE parent = ? AND name = ? "
                             "AND removed = 0", (parent, name)).fetchone()
         return Row(*r) if r else None
@@ -139,6 +152,8 @@ class Rows:
 
     def page(self, parent: int, from_seq: int, limit: int) -> list[Row]:
         """Entries of ``parent`` with seq >= ``from_seq``, in seq order."""
+        if self._soon:
+            self.write_soon()
         return [Row(*r) for r in self.db.execute(
             f"SELECT {_COLS} FROM e WHERE parent = ? AND seq >= ? AND removed = 0 "
             "ORDER BY seq LIMIT ?", (parent, from_seq, limit))]
@@ -196,13 +211,40 @@ class Rows:
         return n
 
     def set(self, ino: int, column: str, value) -> None:
-        assert column in _SETTABLE, column
-        self.db.execute(f"UPDATE e SET {column} = ? WHERE ino = ?", (value, ino))
+        self.set_many(ino, **{column: value})
 
     def set_many(self, ino: int, **values) -> None:
         assert set(values) <= _SETTABLE, values
+        soon = self._soon.get(ino)
+        if soon is not None:         # these values supersede the ones waiting
+            for col in values:
+                soon.pop(col, None)
+            if not soon:
+                del self._soon[ino]
         cols = ", ".join(f"{c} = ?" for c in values)
         self.db.execute(f"UPDATE e SET {cols} WHERE ino = ?", (*values.values(), ino))
+
+    def set_soon(self, ino: int, **values) -> None:
+        """``set_many``, written later (PENDING_SETS_MAX): a read of the table sees
+        them, the file does not until then."""
+        assert set(values) <= _SETTABLE, values
+        soon = self._soon.get(ino)
+        if soon is not None:
+            soon.update(values)
+            return
+        self._soon[ino] = values
+        if len(self._soon) >= PENDING_SETS_MAX:
+            self.write_soon()
+
+    def write_soon(self) -> None:
+        """The values ``set_soon`` holds into the table, a statement per inode (each
+        leaves memory only once its statement ran).  Queries of attributes made
+        outside this class (namespace.py) call it first."""
+        while self._soon:
+            ino, values = next(iter(self._soon.items()))
+            cols = ", ".join(f"{c} = ?" for c in values)
+            self.db.execute(f"UPDATE e SET {cols} WHERE ino = ?", (*values.values(), ino))
+            del self._soon[ino]
 
     def add_lookup_each(self, inos: list[int]) -> None:
         """One more lookup for each of ``inos``, all distinct (readdirplus: the kernel
@@ -247,6 +289,7 @@ class Rows:
 
     def delete(self, ino: int) -> None:
         self._pending.pop(ino, None)
+        self._soon.pop(ino, None)
         self.db.execute("DELETE FROM e WHERE ino = ?", (ino,))
 
     def delete_unheld_children(self, parent: int) -> set[int]:

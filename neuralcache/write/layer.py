@@ -434,11 +434,12 @@ class WriteLayer(NameOps, Records, Readers, Barriers):
         node = self.ns.get(lf.inode)
         if node is None or node.is_dir:
             return
+        now = time.time()    # (the row written later: meta/rows.py PENDING_SETS_MAX)
         if lf.unlinked:      # still open: fstat() shows what its descriptors wrote
-            node.assign(size=lf.size, mtime=lf.mtime, ctime=time.time())
+            node.assign_soon(size=lf.size, mtime=lf.mtime, ctime=now)
         else:
             self.ns.total_bytes += lf.size - node.size
-            node.assign(size=lf.size, version=lf.version, mtime=lf.mtime, ctime=time.time())
+            node.assign_soon(size=lf.size, version=lf.version, mtime=lf.mtime, ctime=now)
 
     # -- close, fsync -----------------------------------------------------------------
     async def flush(self, h: object) -> None:
