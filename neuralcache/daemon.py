@@ -355,6 +355,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             extra.update(backend.native_stats())
         if hasattr(backend, "warm_connections"):
             extra["connections_warmed"] = backend.warmed
+            extra["trio_connections_warmed"] = getattr(backend, "trio_warmed", None)
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()
@@ -424,6 +425,8 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 if hasattr(backend, "warm_connections"):    # after ready: not on the way
                     n.start_soon(trio.to_thread.run_sync, backend.warm_connections,
                                  min(cfg.concurrency, WARM_CONNECTIONS))
+                if hasattr(backend, "warm_trio"):
+                    n.start_soon(backend.warm_trio, min(cfg.concurrency, WARM_CONNECTIONS))
                 log.info("serving %s on %s (ready in %.1f s)%s", cfg.source, mp,
                          time.monotonic() - t0, " writable" if writes else "")
                 # What exists now (modules, botocore's models, the parts built above:

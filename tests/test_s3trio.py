@@ -227,6 +227,39 @@ def test_an_origin_no_longer_asked_has_its_idle_connections_closed(monkeypatch):
     trio.run(main)
 
 
+def test_warmed_connections_serve_the_first_gets_without_a_handshake():
+    """warm(url, n) opens n connections (no request on them) and keeps them idle: the
+    next n GETs at once open none; an origin that refuses is 0 warmed, no error."""
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def main():
+        async with trio.open_nursery() as n:
+            port, accepted = await serve(n, answer)
+            gets = s3trio.TrioGets()
+            url = f"http://127.0.0.1:{port}/bucket/k"
+            assert await gets.warm(f"http://127.0.0.1:{port}/bucket", 4) == 4
+            await trio.sleep(0.05)
+            assert len(accepted) == 4
+            got = []
+
+            async def one(off):
+                got.append((off, await read(gets, url, off, 10)))
+            async with trio.open_nursery() as readers:
+                for off in range(0, 40, 10):
+                    readers.start_soon(one, off)
+            assert sorted(got) == [(off, BODY[off:off + 10]) for off in range(0, 40, 10)]
+            assert len(accepted) == 4                     # no connection opened for them
+            with trio.socket.socket() as s:               # a port nobody listens on
+                await s.bind(("127.0.0.1", 0))
+                closed = s.getsockname()[1]
+            assert await gets.warm(f"http://127.0.0.1:{closed}", 3) == 0
+            gets.close()
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
 def test_signature_matches_botocore():
     """The same GET signed by botocore's S3SigV4Auth (unsigned payload, same headers,
     same instant) carries the same signature."""

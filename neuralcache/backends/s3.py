@@ -168,6 +168,7 @@ class S3Backend(S3Writes, S3List):
         # Connections warm_connections opened (read by stats); None until it has run, so
         # a test or an operator can tell its requests from a job's.
         self.warmed: int | None = None
+        self.trio_warmed: int | None = None    # the same, for warm_trio
         # (signing region, object URL prefix): one tuple, replaced whole, so a reader
         # never signs for one region and sends to another's URL.
         region_now = self._client.meta.region_name
@@ -476,6 +477,13 @@ class S3Backend(S3Writes, S3List):
 
         with ThreadPoolExecutor(n, thread_name_prefix="nc-warm") as pool:
             self.warmed = sum(pool.map(ping, range(n)))
+
+    async def warm_trio(self, n: int) -> None:
+        """``warm_connections`` for the small GETs' path on the trio thread (s3trio.py),
+        once the region is settled (its GETs wait for that too)."""
+        t = self._trio
+        if t is not None and self._region_settled:
+            self.trio_warmed = await t.warm(self._target[1], n)
 
     def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key

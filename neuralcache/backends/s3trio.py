@@ -178,17 +178,7 @@ class TrioGets:
         if self.resting():
             return None
         cut = url.index("/", url.index("//") + 2)
-        origin, path = url[:cut], url[cut:]
-        known = self._origins.get(origin)
-        if known is None:
-            u = urlsplit(origin)
-            default = 443 if u.scheme == "https" else 80
-            # the Host header as botocore signs it and urllib3 sends it: no default port
-            host = u.netloc if u.port not in (None, default) else \
-                u.netloc.rsplit(":", 1)[0] if u.port else u.netloc
-            known = self._origins[origin] = ((u.scheme, u.hostname, u.port or default),
-                                             host, u.hostname)
-        where, host, hostname = known
+        (where, host, hostname), path = self._origin(url[:cut]), url[cut:]
         req = (f"GET {path} HTTP/1.1\r\nHost: {host}\r\n"
                f"Range: bytes={offset}-{offset + length - 1}\r\n"
                + (f'If-Match: "{version}"\r\n' if version else "")
@@ -227,6 +217,45 @@ class TrioGets:
             why = f"no byte for {TIMEOUT_S:.0f} s"
         self._failed(why or "connection dropped twice")
         return FAILED
+
+    def _origin(self, origin: str) -> tuple:
+        """(where: (scheme, hostname, port), the Host header, the hostname) of
+        "scheme://host[:port]"."""
+        known = self._origins.get(origin)
+        if known is None:
+            u = urlsplit(origin)
+            default = 443 if u.scheme == "https" else 80
+            # the Host header as botocore signs it and urllib3 sends it: no default port
+            host = u.netloc if u.port not in (None, default) else \
+                u.netloc.rsplit(":", 1)[0] if u.port else u.netloc
+            known = self._origins[origin] = ((u.scheme, u.hostname, u.port or default),
+                                             host, u.hostname)
+        return known
+
+    async def warm(self, url: str, n: int) -> int:
+        """Open ``n`` connections to ``url``'s origin at once (TCP, and TLS for https) and
+        keep them idle, so that a job's first GETs on this path take an open connection
+        instead of each paying the handshake's round trips (S3Backend.warm_connections
+        does the same for urllib3's pool, which serves the large reads).  Returns how
+        many opened; one that fails, or takes over TIMEOUT_S, is left to the GETs."""
+        cut = url.find("/", url.index("//") + 2)
+        where, _, hostname = self._origin(url if cut < 0 else url[:cut])
+        opened = []
+
+        async def one() -> None:
+            with trio.move_on_after(TIMEOUT_S):
+                try:
+                    opened.append(await self._connect(where, hostname))
+                except (OSError, ValueError, trio.BrokenResourceError):
+                    pass
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(n):
+                    nursery.start_soon(one)
+        finally:                 # (cancelled: close() at unmount closes them)
+            for conn in opened:
+                self._give_back(conn)
+        return len(opened)
 
     def _take(self, where) -> _Conn | None:
         """The most recently used idle connection (the least likely to be dropped)."""
