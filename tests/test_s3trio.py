@@ -2,7 +2,9 @@
 of the test's own, for what a real S3 endpoint does only sometimes: a kept-alive
 connection dropped, an answer in pieces, chunked or of the wrong length, no answer at
 all.  tests/test_backends.py reads real bytes from SeaweedFS through it."""
+import functools
 import os
+import socket
 from types import SimpleNamespace
 
 import pytest
@@ -14,10 +16,10 @@ BODY = os.urandom(5000)
 CREDS = SimpleNamespace(access_key="AK", secret_key="SK", token=None)
 
 
-async def serve(nursery, answer, tls=None):
-    """A server on a free port (TLS with ``tls``, an SSLContext): ``answer(request_head,
-    stream, n)`` per request (n: the connection's number); returns (port, the
-    connections accepted so far)."""
+async def serve(nursery, answer, tls=None, host=None):
+    """A server on a free port (TLS with ``tls``, an SSLContext; on every address, or
+    ``host`` only): ``answer(request_head, stream, n)`` per request (n: the connection's
+    number); returns (port, the connections accepted so far)."""
     accepted = []
 
     async def handle(stream):
@@ -37,7 +39,8 @@ async def serve(nursery, answer, tls=None):
         except trio.BrokenResourceError:
             return
     if tls is None:
-        listeners = await nursery.start(trio.serve_tcp, handle, 0)
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handle, 0,
+                                                          host=host))
         return listeners[0].socket.getsockname()[1], accepted
     listeners = await nursery.start(trio.serve_ssl_over_tcp, handle, 0, tls)
     return listeners[0].transport_listener.socket.getsockname()[1], accepted
@@ -255,6 +258,61 @@ def test_warmed_connections_serve_the_first_gets_without_a_handshake():
                 await s.bind(("127.0.0.1", 0))
                 closed = s.getsockname()[1]
             assert await gets.warm(f"http://127.0.0.1:{closed}", 3) == 0
+            gets.close()
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_a_name_is_looked_up_once_per_ttl_and_its_addresses_taken_in_turn(monkeypatch):
+    """New connections share one lookup of the host name per DNS_TTL_S (a lookup each
+    was a worker thread and a DNS query) and take its addresses in turn; an address
+    that refuses drops the entry and the connection is made by name."""
+    real = trio.socket.getaddrinfo
+    answer_with = {"localhost": ["127.0.0.1", "127.0.0.2"]}
+
+    async def fake(host, port, *a, **kw):
+        if host in answer_with:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                    for ip in answer_with[host]]
+        return await real(host, port, *a, **kw)
+    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
+
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def main():
+        async with trio.open_nursery() as n:
+            port, accepted = await serve(n, answer)
+            gets = s3trio.TrioGets()
+            url = f"http://localhost:{port}/bucket"
+            assert await gets.warm(url, 4) == 4 and gets.lookups == 1   # one for four
+            await trio.sleep(0.05)
+            assert sorted(s.socket.getsockname()[0] for s in accepted) == \
+                ["127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"]     # in turn
+            assert await read(gets, url + "/k") == BODY[:100]
+            monkeypatch.setattr(s3trio, "DNS_TTL_S", 0.0)
+            gets._addrs[("localhost", port)][0] = 0.0          # the entry expired
+            for _ in range(2):
+                assert await gets.warm(url, 1) == 1
+            assert gets.lookups == 3                 # past the TTL: looked up again
+            gets.close()
+            # only 127.0.0.1 listens: the name's 127.0.0.2 refuses and leaves the
+            # entry, that connection is made by name; the next ones take 127.0.0.1
+            monkeypatch.setattr(s3trio, "DNS_TTL_S", 30.0)
+            port1, accepted1 = await serve(n, answer, host="127.0.0.1")
+            gets = s3trio.TrioGets()
+            answer_with["localhost"] = ["127.0.0.2", "127.0.0.1"]
+            url1 = f"http://localhost:{port1}/bucket"
+            assert await gets.warm(url1, 1) == 1     # refused, then made by name
+            assert gets._addrs[("localhost", port1)][1] == ["127.0.0.1"]
+            assert await gets.warm(url1, 3) == 3 and gets.lookups == 1
+            answer_with["localhost"] = ["127.0.0.2"]
+            gets._addrs[("localhost", port1)][0] = 0.0           # expired
+            assert await gets.warm(url1, 1) == 1     # the last address gone: no entry
+            assert ("localhost", port1) not in gets._addrs and gets.lookups == 2
+            await trio.sleep(0.05)
+            assert len(accepted1) == 5
             gets.close()
             n.cancel_scope.cancel()
     trio.run(main)

@@ -25,7 +25,9 @@ import collections
 import datetime as dt
 import hashlib
 import hmac
+import ipaddress
 import os
+import socket
 import ssl
 import time
 from urllib.parse import urlsplit
@@ -58,6 +60,14 @@ HEAD_ROOM = 1 << 10
 # An answer's body at least this long is handed on as a view of the buffer it was
 # received into (a copy below it: its head and spare 1 KiB would be >3 % on top).
 VIEW_MIN = 32 << 10
+# How long a host name's addresses serve new connections before it is looked up again.
+# Each connection looked its name up (getaddrinfo in a worker thread: a DNS query each,
+# 32 at once when the mount warms its connections).  New connections take the
+# addresses in turn, so they still spread over the several an S3 endpoint answers, as
+# the AWS CRT's resolver does (it keeps addresses up to a max TTL, 30 s in its
+# clients).  An address that refuses a connection leaves the entry, and that
+# connection is made by name (every address, trio's happy eyeballs).
+DNS_TTL_S = 30.0
 # What read() returns for an attempt that failed in transport (the thread path then
 # serves it, and the backend counts it as a retry).
 FAILED = object()
@@ -164,6 +174,10 @@ class TrioGets:
         self._fails = 0
         self._rest_until = 0.0
         self._sweep_at = 0.0   # when _give_back next closes old idle connections
+        # (hostname, port) -> [valid until, addresses, the next one's index] (DNS_TTL_S)
+        self._addrs: dict[tuple[str, int], list] = {}
+        self._looking: dict[tuple[str, int], trio.Event] = {}   # lookups under way
+        self.lookups = 0       # names looked up (stats, tests)
         self.used = 0          # GETs served this way (stats)
         self.fell_back = 0     # attempts the thread path then served
 
@@ -286,10 +300,55 @@ class TrioGets:
         conn.idle_since = now
         idle.append(conn)
 
+    async def _address(self, hostname: str, port: int) -> str:
+        """The address a new connection to ``hostname`` takes (DNS_TTL_S): the next of
+        the name's, in turn; an IP address is its own."""
+        try:
+            ipaddress.ip_address(hostname)
+            return hostname
+        except ValueError:
+            pass
+        key = (hostname, port)
+        while (entry := self._addrs.get(key)) is None or time.monotonic() >= entry[0]:
+            busy = self._looking.get(key)
+            if busy is not None:      # one lookup at a time per name: wait for it (a
+                await busy.wait()     # failed one leaves no entry: then look up here)
+                continue
+            busy = self._looking[key] = trio.Event()
+            try:
+                self.lookups += 1
+                infos = await trio.socket.getaddrinfo(hostname, port,
+                                                      type=socket.SOCK_STREAM)
+                addrs = list(dict.fromkeys(info[4][0] for info in infos))
+                if not addrs:
+                    raise OSError(f"{hostname}: no address")
+                entry = self._addrs[key] = [time.monotonic() + DNS_TTL_S, addrs, 0]
+            finally:
+                del self._looking[key]
+                busy.set()
+            break
+        addrs, i = entry[1], entry[2]
+        entry[2] = (i + 1) % len(addrs)
+        return addrs[i % len(addrs)]
+
     async def _connect(self, where, hostname: str) -> _Conn:
-        # trio's happy eyeballs: every address the name has, IPv6 and IPv4, tried in
-        # turn (TCP_NODELAY is trio's default)
-        stream = await trio.open_tcp_stream(where[1], where[2])
+        # TCP_NODELAY is trio's default
+        addr = await self._address(where[1], where[2])
+        try:
+            stream = await trio.open_tcp_stream(addr, where[2])
+        except OSError:
+            if addr == where[1]:
+                raise
+            # an address that refuses (gone, or a server on IPv4 only where the name
+            # has an IPv6 address too) leaves the entry, which is looked up again once
+            # none is left; this connection is made by name, every address tried in
+            # turn (trio's happy eyeballs)
+            entry = self._addrs.get((where[1], where[2]))
+            if entry is not None and addr in entry[1]:
+                entry[1].remove(addr)
+                if not entry[1]:
+                    del self._addrs[(where[1], where[2])]
+            stream = await trio.open_tcp_stream(where[1], where[2])
         try:
             tls = None
             if where[0] == "https":
