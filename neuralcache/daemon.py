@@ -82,6 +82,15 @@ FUSECTL = "/sys/fs/fuse/connections"
 WARM_CONNECTIONS = 32
 # glibc malloc arenas (see _limit_malloc_arenas).
 MALLOC_ARENAS = 2
+# The interpreter's GIL switch interval (CPython's default 5 ms): how long the trio
+# thread, back from a system call or a SQLite statement, may wait for the GIL behind a
+# worker thread running Python.  Small files read from the disk cache (worker threads
+# reading and checking records: bench.breakdown --size 1M --files 2000, "files disk",
+# six runs against six at 5 ms, alternating) went at a median 1,002 against 865
+# files/s, faster in 5 of 6 pairs, at 0.99 against 1.10 ms of daemon CPU per file;
+# cold files, the big file and a checkpoint's writes moved within their spread
+# (bench/RESULTS.md fortieth sitting).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def check_mountpoint(path: str) -> str:
@@ -579,6 +588,7 @@ def serve(cfg: MountConfig, on_ready) -> None:
     """Mount and serve until unmounted.  ``on_ready(None)`` is called once serving;
     UserError is raised (before anything is mounted) for bad input."""
     _limit_malloc_arenas()
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     try:
         trio.run(_serve, cfg, on_ready)
     except BaseExceptionGroup as group:     # a UserError raised in a nursery: itself

@@ -100,9 +100,9 @@ class Node:
         """``assign``, the row written later (meta/rows.py ``set_soon``): for what
         changes on every WRITE of a --writable mount."""
         assert values.keys() <= Node._ASSIGNABLE, values
-        self._ns.rows.set_soon(self.inode, **values)
-        for col, value in values.items():
+        for col, value in values.items():       # (first: the bound's write may fail)
             setattr(self, "_" + col, value)
+        self._ns.rows.set_soon(self.inode, **values)
 
     def __init__(self, ns: "Namespace", row: Row):
         self._ns = ns

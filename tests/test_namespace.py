@@ -487,6 +487,14 @@ def test_attributes_set_soon_are_written_before_anything_reads_them():
         node.assign_soon(size=123, mtime=9.0)
         assert (node.size, node.mtime) == (123, 9.0) and column(100)[0] == 30
         assert rows.get(100).size == 123
+        rows.set_soon(101, size=2 ** 70)     # a value SQLite refuses: logged, dropped,
+        rows.set_soon(100, size=7)           # the others written, later reads served
+        assert rows.get(100).size == 7 and rows.get(101).size == 91 and not rows._soon
+        d = ns.make_dirs("d")                # evict_listing reads total(size): written first
+        f = ns.put_file("d/f", 5, "v", 1.0)
+        rows.set_soon(f.inode, size=500)
+        ns.evict_listing(d.inode)
+        assert not rows._soon
     finally:
         ns.close()
 

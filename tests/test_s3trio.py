@@ -318,6 +318,75 @@ def test_a_name_is_looked_up_once_per_ttl_and_its_addresses_taken_in_turn(monkey
     trio.run(main)
 
 
+def test_an_address_that_does_not_answer_leaves_the_rotation(monkeypatch):
+    """A name's address whose SYNs go unanswered (here: a listener whose accept queue is
+    full) costs one connection DIRECT_CONNECT_S, then that connection is made by name
+    and the address is not taken again."""
+    monkeypatch.setattr(s3trio, "DIRECT_CONNECT_S", 0.2)
+    real = trio.socket.getaddrinfo
+
+    async def fake(host, port, *a, **kw):
+        if host == "localhost":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                    for ip in ("127.0.0.2", "127.0.0.1")]
+        return await real(host, port, *a, **kw)
+    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
+
+    async def answer(head, stream, n):
+        await stream.send_all(ok_answer(head))
+        return True
+
+    async def main():
+        async with trio.open_nursery() as n:
+            port, accepted = await serve(n, answer, host="127.0.0.1")
+            stuck = socket.socket()
+            stuck.bind(("127.0.0.2", port))
+            stuck.listen(0)
+            fill = []
+            for _ in range(3):                       # the accept queue, full
+                c = socket.socket()
+                c.setblocking(False)
+                c.connect_ex(("127.0.0.2", port))
+                fill.append(c)
+            try:
+                gets = s3trio.TrioGets()
+                t0 = trio.current_time()
+                assert await gets.warm(f"http://localhost:{port}/bucket", 1) == 1
+                assert trio.current_time() - t0 < 2.0
+                assert gets._addrs[("localhost", port)][1] == ["127.0.0.1"]
+                t0 = trio.current_time()
+                assert await gets.warm(f"http://localhost:{port}/bucket", 3) == 3
+                assert trio.current_time() - t0 < 0.15   # no wait on the dead address
+                assert await read(gets, f"http://localhost:{port}/bucket/k") == BODY[:100]
+                gets.close()
+            finally:
+                for c in fill + [stuck]:
+                    c.close()
+            n.cancel_scope.cancel()
+    trio.run(main)
+
+
+def test_a_failed_lookup_fails_everyone_waiting_on_it_at_once(monkeypatch):
+    """Connections waiting on one lookup of a name all fail when it fails, together,
+    not one lookup after another."""
+    calls = []
+
+    async def fake(host, port, *a, **kw):
+        calls.append(host)
+        await trio.sleep(0.2)
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
+
+    async def main():
+        gets = s3trio.TrioGets()
+        t0 = trio.current_time()
+        assert await gets.warm("http://nowhere.invalid:80/bucket", 8) == 0
+        assert trio.current_time() - t0 < 0.6 and calls == ["nowhere.invalid"]
+        assert await read(gets, "http://nowhere.invalid:80/bucket/k") is s3trio.FAILED
+        assert len(calls) == 2                           # no entry: looked up again
+    trio.run(main)
+
+
 def test_signature_matches_botocore():
     """The same GET signed by botocore's S3SigV4Auth (unsigned payload, same headers,
     same instant) carries the same signature."""

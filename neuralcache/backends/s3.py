@@ -31,6 +31,7 @@ from typing import Iterator
 from urllib.parse import quote
 
 import boto3
+import trio
 import urllib3
 from botocore import exceptions as bex
 from botocore.auth import S3SigV4Auth
@@ -482,8 +483,12 @@ class S3Backend(S3Writes, S3List):
         """``warm_connections`` for the small GETs' path on the trio thread (s3trio.py),
         once the region is settled (its GETs wait for that too)."""
         t = self._trio
-        if t is not None and self._region_settled:
-            self.trio_warmed = await t.warm(self._target[1], n)
+        if t is None or not self._region_settled:
+            self.trio_warmed = 0
+            return
+        self.trio_warmed = await t.warm(self._target[1], n)
+        await trio.sleep(s3trio.IDLE_MAX_S)      # those no GET took: closed, not left
+        t.prune()                                # in CLOSE_WAIT when the server drops them
 
     def stat(self, key: str) -> ObjectInfo:
         full = self.prefix + key

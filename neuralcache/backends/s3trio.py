@@ -26,6 +26,8 @@ import datetime as dt
 import hashlib
 import hmac
 import ipaddress
+import logging
+import math
 import os
 import socket
 import ssl
@@ -35,6 +37,8 @@ from urllib.parse import urlsplit
 import trio
 
 from . import s3native
+
+log = logging.getLogger(__name__)
 
 # Largest GET taken this way: s3native.py's bound (1 MiB), for the same reason: the
 # per-request costs are what this path saves, and at the 8 MiB block the urllib3 path
@@ -65,9 +69,14 @@ VIEW_MIN = 32 << 10
 # 32 at once when the mount warms its connections).  New connections take the
 # addresses in turn, so they still spread over the several an S3 endpoint answers, as
 # the AWS CRT's resolver does (it keeps addresses up to a max TTL, 30 s in its
-# clients).  An address that refuses a connection leaves the entry, and that
-# connection is made by name (every address, trio's happy eyeballs).
+# clients).  An address that refuses a connection, or does not take it within
+# DIRECT_CONNECT_S, leaves the entry, and that connection is made by name.
 DNS_TTL_S = 30.0
+# How long a connection to one of a name's addresses may take before that address
+# leaves the rotation and the connection is made by name (trio's happy eyeballs start
+# the next address after 0.25 s): a TCP handshake is one round trip, 60 ms here and
+# under 0.3 s between continents.
+DIRECT_CONNECT_S = 0.5
 # What read() returns for an attempt that failed in transport (the thread path then
 # serves it, and the backend counts it as a retry).
 FAILED = object()
@@ -176,7 +185,8 @@ class TrioGets:
         self._sweep_at = 0.0   # when _give_back next closes old idle connections
         # (hostname, port) -> [valid until, addresses, the next one's index] (DNS_TTL_S)
         self._addrs: dict[tuple[str, int], list] = {}
-        self._looking: dict[tuple[str, int], trio.Event] = {}   # lookups under way
+        # lookups under way: [done, the error it ended with]
+        self._looking: dict[tuple[str, int], list] = {}
         self.lookups = 0       # names looked up (stats, tests)
         self.used = 0          # GETs served this way (stats)
         self.fell_back = 0     # attempts the thread path then served
@@ -254,22 +264,30 @@ class TrioGets:
         many opened; one that fails, or takes over TIMEOUT_S, is left to the GETs."""
         cut = url.find("/", url.index("//") + 2)
         where, _, hostname = self._origin(url if cut < 0 else url[:cut])
-        opened = []
+        opened = 0
 
         async def one() -> None:
+            nonlocal opened
             with trio.move_on_after(TIMEOUT_S):
                 try:
-                    opened.append(await self._connect(where, hostname))
-                except (OSError, ValueError, trio.BrokenResourceError):
-                    pass
-        try:
-            async with trio.open_nursery() as nursery:
-                for _ in range(n):
-                    nursery.start_soon(one)
-        finally:                 # (cancelled: close() at unmount closes them)
-            for conn in opened:
-                self._give_back(conn)
-        return len(opened)
+                    conn = await self._connect(where, hostname)
+                except Exception as exc:      # best effort: a GET opens its own
+                    log.debug("warming a connection to %s failed: %s", hostname, exc)
+                    return
+                self._give_back(conn)         # (cancelled: close() at unmount)
+                opened += 1
+        async with trio.open_nursery() as nursery:
+            for _ in range(n):
+                nursery.start_soon(one)
+        return opened
+
+    def prune(self) -> None:
+        """Close the idle connections over IDLE_MAX_S of every origin (``_give_back``
+        does it as GETs come; this is for connections warmed and never taken)."""
+        now = time.monotonic()
+        for old in self._idle.values():
+            while old and now - old[0].idle_since >= IDLE_MAX_S:
+                old.popleft().close()
 
     def _take(self, where) -> _Conn | None:
         """The most recently used idle connection (the least likely to be dropped)."""
@@ -288,12 +306,11 @@ class TrioGets:
         # idle connections over IDLE_MAX_S are closed, not left in CLOSE_WAIT: this
         # origin's now, every origin's once in IDLE_MAX_S (an old region's, after a
         # switch, which no GET takes again)
-        sweep = now >= self._sweep_at
-        if sweep:
+        if now >= self._sweep_at:
             self._sweep_at = now + IDLE_MAX_S
-        for old in self._idle.values() if sweep else (idle,):
-            while old and now - old[0].idle_since >= IDLE_MAX_S:
-                old.popleft().close()
+            self.prune()
+        while idle and now - idle[0].idle_since >= IDLE_MAX_S:
+            idle.popleft().close()
         if len(idle) >= IDLE_KEEP:
             conn.close()
             return
@@ -311,38 +328,48 @@ class TrioGets:
         key = (hostname, port)
         while (entry := self._addrs.get(key)) is None or time.monotonic() >= entry[0]:
             busy = self._looking.get(key)
-            if busy is not None:      # one lookup at a time per name: wait for it (a
-                await busy.wait()     # failed one leaves no entry: then look up here)
+            if busy is not None:      # one lookup at a time per name: its answer is
+                await busy[0].wait()  # every waiter's, its failure too
+                if busy[1] is not None:
+                    raise OSError(f"{hostname}: {busy[1]}")
                 continue
-            busy = self._looking[key] = trio.Event()
+            busy = self._looking[key] = [trio.Event(), None]
             try:
                 self.lookups += 1
                 infos = await trio.socket.getaddrinfo(hostname, port,
                                                       type=socket.SOCK_STREAM)
-                addrs = list(dict.fromkeys(info[4][0] for info in infos))
-                if not addrs:
-                    raise OSError(f"{hostname}: no address")
+                # (a link-local IPv6 address needs its scope: left to the name)
+                addrs = list(dict.fromkeys(info[4][0] for info in infos
+                                           if len(info[4]) < 4 or not info[4][3]))
                 entry = self._addrs[key] = [time.monotonic() + DNS_TTL_S, addrs, 0]
+            except BaseException as exc:
+                busy[1] = exc if isinstance(exc, Exception) else "lookup cancelled"
+                raise
             finally:
                 del self._looking[key]
-                busy.set()
+                busy[0].set()
             break
         addrs, i = entry[1], entry[2]
+        if not addrs:
+            return hostname
         entry[2] = (i + 1) % len(addrs)
         return addrs[i % len(addrs)]
 
     async def _connect(self, where, hostname: str) -> _Conn:
         # TCP_NODELAY is trio's default
         addr = await self._address(where[1], where[2])
+        stream = None
         try:
-            stream = await trio.open_tcp_stream(addr, where[2])
+            with trio.move_on_after(DIRECT_CONNECT_S if addr != where[1] else math.inf):
+                stream = await trio.open_tcp_stream(addr, where[2])
         except OSError:
             if addr == where[1]:
                 raise
-            # an address that refuses (gone, or a server on IPv4 only where the name
-            # has an IPv6 address too) leaves the entry, which is looked up again once
-            # none is left; this connection is made by name, every address tried in
-            # turn (trio's happy eyeballs)
+        if stream is None:
+            # an address that refuses or does not answer (gone, a broken IPv6 route, a
+            # server on IPv4 only where the name has an IPv6 address too) leaves the
+            # entry, which is looked up again once none is left; this connection is
+            # made by name, every address tried in turn (trio's happy eyeballs)
             entry = self._addrs.get((where[1], where[2]))
             if entry is not None and addr in entry[1]:
                 entry[1].remove(addr)

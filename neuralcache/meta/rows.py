@@ -29,6 +29,7 @@ Schema::
 """
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from typing import Iterable, NamedTuple
@@ -41,6 +42,8 @@ from typing import Iterable, NamedTuple
 # 19's note; the target is 150 MB).
 DEFAULT_CACHE_BYTES = 32 << 20
 DB_NAME = "meta.db"
+
+log = logging.getLogger(__name__)
 
 _COLS = "ino, parent, name, dir, size, mtime, version, checked, ctime, seq, removed"
 
@@ -237,14 +240,19 @@ class Rows:
             self.write_soon()
 
     def write_soon(self) -> None:
-        """The values ``set_soon`` holds into the table, a statement per inode (each
-        leaves memory only once its statement ran).  Queries of attributes made
-        outside this class (namespace.py) call it first."""
+        """The values ``set_soon`` holds into the table, a statement per inode.  Queries
+        of attributes made outside this class (namespace.py) call it first.  A
+        statement that fails is logged and its values dropped (the Node keeps them):
+        left waiting, it would fail every later read of the table."""
         while self._soon:
-            ino, values = next(iter(self._soon.items()))
+            ino, values = self._soon.popitem()
             cols = ", ".join(f"{c} = ?" for c in values)
-            self.db.execute(f"UPDATE e SET {cols} WHERE ino = ?", (*values.values(), ino))
-            del self._soon[ino]
+            try:
+                self.db.execute(f"UPDATE e SET {cols} WHERE ino = ?",
+                                (*values.values(), ino))
+            except (sqlite3.Error, OverflowError) as exc:
+                log.error("metadata table: inode %d's %s not written: %s", ino,
+                          ", ".join(values), exc)
 
     def add_lookup_each(self, inos: list[int]) -> None:
         """One more lookup for each of ``inos``, all distinct (readdirplus: the kernel
