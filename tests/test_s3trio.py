@@ -54,6 +54,25 @@ def ok_answer(head: str) -> bytes:
             "Content-Type: application/octet-stream\r\n\r\n").encode() + body
 
 
+async def answer_ok(head, stream, n):
+    """Every request answered with its range of BODY, the connection kept."""
+    await stream.send_all(ok_answer(head))
+    return True
+
+
+def fake_lookups(monkeypatch, answers: dict) -> None:
+    """trio.socket.getaddrinfo answers ``answers[host]`` (IPv4 addresses; the dict may
+    change later) for a host in it, the real lookup for any other."""
+    real = trio.socket.getaddrinfo
+
+    async def fake(host, port, *a, **kw):
+        if host in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
+                    for ip in answers[host]]
+        return await real(host, port, *a, **kw)
+    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
+
+
 def run(answer, reads, tls=None):
     """``reads(gets, url)`` inside trio with a server answering by ``answer``."""
     out = {}
@@ -233,13 +252,9 @@ def test_an_origin_no_longer_asked_has_its_idle_connections_closed(monkeypatch):
 def test_warmed_connections_serve_the_first_gets_without_a_handshake():
     """warm(url, n) opens n connections (no request on them) and keeps them idle: the
     next n GETs at once open none; an origin that refuses is 0 warmed, no error."""
-    async def answer(head, stream, n):
-        await stream.send_all(ok_answer(head))
-        return True
-
     async def main():
         async with trio.open_nursery() as n:
-            port, accepted = await serve(n, answer)
+            port, accepted = await serve(n, answer_ok)
             gets = s3trio.TrioGets()
             url = f"http://127.0.0.1:{port}/bucket/k"
             assert await gets.warm(f"http://127.0.0.1:{port}/bucket", 4) == 4
@@ -267,23 +282,12 @@ def test_a_name_is_looked_up_once_per_ttl_and_its_addresses_taken_in_turn(monkey
     """New connections share one lookup of the host name per DNS_TTL_S (a lookup each
     was a worker thread and a DNS query) and take its addresses in turn; an address
     that refuses drops the entry and the connection is made by name."""
-    real = trio.socket.getaddrinfo
     answer_with = {"localhost": ["127.0.0.1", "127.0.0.2"]}
-
-    async def fake(host, port, *a, **kw):
-        if host in answer_with:
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
-                    for ip in answer_with[host]]
-        return await real(host, port, *a, **kw)
-    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
-
-    async def answer(head, stream, n):
-        await stream.send_all(ok_answer(head))
-        return True
+    fake_lookups(monkeypatch, answer_with)
 
     async def main():
         async with trio.open_nursery() as n:
-            port, accepted = await serve(n, answer)
+            port, accepted = await serve(n, answer_ok)
             gets = s3trio.TrioGets()
             url = f"http://localhost:{port}/bucket"
             assert await gets.warm(url, 4) == 4 and gets.lookups == 1   # one for four
@@ -300,7 +304,7 @@ def test_a_name_is_looked_up_once_per_ttl_and_its_addresses_taken_in_turn(monkey
             # only 127.0.0.1 listens: the name's 127.0.0.2 refuses and leaves the
             # entry, that connection is made by name; the next ones take 127.0.0.1
             monkeypatch.setattr(s3trio, "DNS_TTL_S", 30.0)
-            port1, accepted1 = await serve(n, answer, host="127.0.0.1")
+            port1, accepted1 = await serve(n, answer_ok, host="127.0.0.1")
             gets = s3trio.TrioGets()
             answer_with["localhost"] = ["127.0.0.2", "127.0.0.1"]
             url1 = f"http://localhost:{port1}/bucket"
@@ -323,22 +327,11 @@ def test_an_address_that_does_not_answer_leaves_the_rotation(monkeypatch):
     full) costs one connection DIRECT_CONNECT_S, then that connection is made by name
     and the address is not taken again."""
     monkeypatch.setattr(s3trio, "DIRECT_CONNECT_S", 0.2)
-    real = trio.socket.getaddrinfo
-
-    async def fake(host, port, *a, **kw):
-        if host == "localhost":
-            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port))
-                    for ip in ("127.0.0.2", "127.0.0.1")]
-        return await real(host, port, *a, **kw)
-    monkeypatch.setattr(trio.socket, "getaddrinfo", fake)
-
-    async def answer(head, stream, n):
-        await stream.send_all(ok_answer(head))
-        return True
+    fake_lookups(monkeypatch, {"localhost": ["127.0.0.2", "127.0.0.1"]})
 
     async def main():
         async with trio.open_nursery() as n:
-            port, accepted = await serve(n, answer, host="127.0.0.1")
+            port, accepted = await serve(n, answer_ok, host="127.0.0.1")
             stuck = socket.socket()
             stuck.bind(("127.0.0.2", port))
             stuck.listen(0)
