@@ -364,7 +364,7 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
             extra.update(backend.native_stats())
         if hasattr(backend, "warm_connections"):
             extra["connections_warmed"] = backend.warmed
-            extra["trio_connections_warmed"] = getattr(backend, "trio_warmed", None)
+            extra["trio_connections_warmed"] = backend.trio_warmed
         if hasattr(predictor, "stats"):
             try:
                 extra["predictor"] = predictor.stats()

@@ -27,7 +27,6 @@ import hashlib
 import hmac
 import ipaddress
 import logging
-import math
 import os
 import socket
 import ssl
@@ -187,7 +186,7 @@ class TrioGets:
         self._addrs: dict[tuple[str, int], list] = {}
         # lookups under way: [done, the error it ended with]
         self._looking: dict[tuple[str, int], list] = {}
-        self.lookups = 0       # names looked up (stats, tests)
+        self.lookups = 0       # names looked up (tests)
         self.used = 0          # GETs served this way (stats)
         self.fell_back = 0     # attempts the thread path then served
 
@@ -308,9 +307,10 @@ class TrioGets:
         # switch, which no GET takes again)
         if now >= self._sweep_at:
             self._sweep_at = now + IDLE_MAX_S
-            self.prune()
-        while idle and now - idle[0].idle_since >= IDLE_MAX_S:
-            idle.popleft().close()
+            self.prune()                   # every origin's
+        else:
+            while idle and now - idle[0].idle_since >= IDLE_MAX_S:
+                idle.popleft().close()
         if len(idle) >= IDLE_KEEP:
             conn.close()
             return
@@ -357,25 +357,29 @@ class TrioGets:
 
     async def _connect(self, where, hostname: str) -> _Conn:
         # TCP_NODELAY is trio's default
-        addr = await self._address(where[1], where[2])
-        stream = None
-        try:
-            with trio.move_on_after(DIRECT_CONNECT_S if addr != where[1] else math.inf):
-                stream = await trio.open_tcp_stream(addr, where[2])
-        except OSError:
-            if addr == where[1]:
-                raise
-        if stream is None:
-            # an address that refuses or does not answer (gone, a broken IPv6 route, a
-            # server on IPv4 only where the name has an IPv6 address too) leaves the
-            # entry, which is looked up again once none is left; this connection is
-            # made by name, every address tried in turn (trio's happy eyeballs)
-            entry = self._addrs.get((where[1], where[2]))
-            if entry is not None and addr in entry[1]:
-                entry[1].remove(addr)
-                if not entry[1]:
-                    del self._addrs[(where[1], where[2])]
-            stream = await trio.open_tcp_stream(where[1], where[2])
+        name, port = where[1], where[2]
+        addr = await self._address(name, port)
+        if addr == name:                   # an IP address, or no address to take
+            stream = await trio.open_tcp_stream(name, port)
+        else:
+            stream = None
+            with trio.move_on_after(DIRECT_CONNECT_S):
+                try:
+                    stream = await trio.open_tcp_stream(addr, port)
+                except OSError:
+                    pass
+            if stream is None:
+                # an address that refuses or does not answer (gone, a broken IPv6
+                # route, a server on IPv4 only where the name has an IPv6 address too)
+                # leaves the entry, which is looked up again once none is left; this
+                # connection is made by name, every address tried in turn (happy
+                # eyeballs)
+                entry = self._addrs.get((name, port))
+                if entry is not None and addr in entry[1]:
+                    entry[1].remove(addr)
+                    if not entry[1]:
+                        del self._addrs[(name, port)]
+                stream = await trio.open_tcp_stream(name, port)
         try:
             tls = None
             if where[0] == "https":
