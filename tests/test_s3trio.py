@@ -80,7 +80,8 @@ def run(answer, reads, tls=None):
     async def main():
         async with trio.open_nursery() as n:
             port, accepted = await serve(n, answer, tls)
-            gets = s3trio.TrioGets()
+            gets = s3trio.TrioGets(on_retry=lambda: out.__setitem__(
+                "retries", out.get("retries", 0) + 1))
             url = f"http://127.0.0.1:{port}" if tls is None else f"https://localhost:{port}"
             out["result"] = await reads(gets, url + "/bucket/k%20ey")
             out["accepted"] = len(accepted)
@@ -160,6 +161,8 @@ def test_a_dropped_keep_alive_connection_is_replaced():
     out = run(answer, reads)
     assert out["result"] == [BODY[:100], BODY[:200]]
     assert out["accepted"] == 2 and out["gets"].used == 2 and out["gets"]._fails == 0
+    assert out["retries"] == 1     # sent again: the backend's retries count it (a reset
+                                   # on a link shows there, not only a server's close)
 
 
 def test_an_answer_in_one_byte_pieces():
@@ -255,7 +258,8 @@ def test_warmed_connections_serve_the_first_gets_without_a_handshake():
     async def main():
         async with trio.open_nursery() as n:
             port, accepted = await serve(n, answer_ok)
-            gets = s3trio.TrioGets()
+            gets = s3trio.TrioGets(on_retry=lambda: out.__setitem__(
+                "retries", out.get("retries", 0) + 1))
             url = f"http://127.0.0.1:{port}/bucket/k"
             assert await gets.warm(f"http://127.0.0.1:{port}/bucket", 4) == 4
             await trio.sleep(0.05)

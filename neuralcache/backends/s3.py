@@ -187,7 +187,7 @@ class S3Backend(S3Writes, S3List):
                 session, bucket, endpoint_url,
                 virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))
         # Small GETs on the trio thread (s3trio.py, ``read_async``): the same rules.
-        self._trio = s3trio.TrioGets() if self.NATIVE_GETS and s3trio.wanted() else None
+        self._trio = s3trio.TrioGets(self._count_retry) if self.NATIVE_GETS and s3trio.wanted() else None
         if self._trio is not None and self._target[1].startswith("https://"):
             self._trio.context()          # (the CA bundle read here, not on the trio thread)
 
@@ -365,8 +365,7 @@ class S3Backend(S3Writes, S3List):
                 raise mapped from None
 
         def on_retry(n, cause):
-            with self._lock:
-                self.retries += 1
+            self._count_retry()
             log.debug("retry %d of %s: %s", n, what, cause)
 
         return retry.with_retries(attempt, attempts=attempts, on_retry=on_retry)
@@ -504,8 +503,7 @@ class S3Backend(S3Writes, S3List):
                 and length <= s3native.NATIVE_MAX_BYTES):
             data = self._native.read(self.region, self.prefix + key, offset, length, version)
             if data is s3native.FAILED:          # the Python path below is its retry
-                with self._lock:
-                    self.retries += 1
+                self._count_retry()
             elif data is not None:
                 return data
         return self._call(f"read {key}@{offset}+{length}",
@@ -529,10 +527,13 @@ class S3Backend(S3Writes, S3List):
                             base + "/" + quote(self.prefix + key, safe="/~"),
                             offset, length, version)
         if data is s3trio.FAILED:           # the thread path is its retry
-            with self._lock:
-                self.retries += 1
+            self._count_retry()
             return None
         return data
+
+    def _count_retry(self) -> None:
+        with self._lock:
+            self.retries += 1
 
     def native_stats(self) -> dict:
         n, t = self._native, self._trio

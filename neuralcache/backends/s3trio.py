@@ -174,8 +174,12 @@ class _Failed(Exception):
 class TrioGets:
     """Connections per (scheme, host, port), for one backend."""
 
-    def __init__(self):
+    def __init__(self, on_retry=lambda: None):
         self._signer = Signer()
+        # called for each GET sent again on a new connection after a reused one failed
+        # before any answer byte (the backend's retries counter: a server's idle close
+        # is rare, as idle connections go after IDLE_MAX_S; a link's reset is not)
+        self._on_retry = on_retry
         self._idle: dict[tuple, collections.deque[_Conn]] = {}
         self._origins: dict[str, tuple] = {}   # "scheme://host:port" -> its parts
         self._ssl: ssl.SSLContext | None = None
@@ -220,6 +224,7 @@ class TrioGets:
                         status, data = await self._exchange(conn, req, length, reused,
                                                             scope)
                     except _Stale:
+                        self._on_retry()
                         continue
                     # (a 200 is the whole object: the bytes asked only from offset 0)
                     if data is not None and (status == 206 or offset == 0):
