@@ -50,6 +50,14 @@ def test_link_faults_exact_bytes_or_eio(seaweed, fault_bucket, files, tmp_path, 
                            "--memory-cache-size", "4M", "--cache-size", "4M"]) as mp:
             res = random_reads(mp, files, 8, seconds=12.0, max_len=512 << 10,
                                seed=int(resets * 100 + stalls))
+            # progress, not a rate: 12 s read 2.8-14.5 GB here (most from the page
+            # cache once the 48 MB are in it), but once 20 MB in CI, where 20 s stalls
+            # at 10 % kept the cold start going; a mount that makes none fails here
+            if res["bytes"] <= 20 * MB:
+                more = random_reads(mp, files, 8, seconds=30.0, max_len=512 << 10,
+                                    seed=1, max_bytes=20 * MB + 1 - res["bytes"])
+                res = {k: v + more[k] if k != "slowest" else max(v, more[k])
+                       for k, v in res.items()}
             s = stats(mp)
         pstats = proxy.stats()
     assert res["wrong"] == 0 and res["other"] == 0, (res["wrong_reads"], res["errors"])
