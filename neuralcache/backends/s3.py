@@ -187,7 +187,8 @@ class S3Backend(S3Writes, S3List):
                 session, bucket, endpoint_url,
                 virtual_hosted=not endpoint_url and bool(_VIRTUAL_HOSTABLE.fullmatch(bucket)))
         # Small GETs on the trio thread (s3trio.py, ``read_async``): the same rules.
-        self._trio = s3trio.TrioGets(self._count_retry) if self.NATIVE_GETS and s3trio.wanted() else None
+        self._trio = s3trio.TrioGets(self._count_retry) \
+            if self.NATIVE_GETS and s3trio.wanted() else None
         if self._trio is not None and self._target[1].startswith("https://"):
             self._trio.context()          # (the CA bundle read here, not on the trio thread)
 
