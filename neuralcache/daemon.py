@@ -420,8 +420,6 @@ async def _serve_locked(cfg, on_ready, mp, backend, sub) -> None:
                 await n.start(store.run)
                 await n.start(lister.run)
                 await n.start(ops.pages.run)
-                if ops.ahead is not None:
-                    await n.start(ops.ahead.run)
                 if shared is not None:
                     await n.start(shared.run)
                 n.start_soon(_on_signals)

@@ -66,9 +66,6 @@ class Stats:
     # small files handed to the kernel page cache at open (fs/operations.py _push):
     # each one is a READ request the kernel does not send
     pushed_files: int = 0
-    # blocks pushed ahead of a sequential reader (fs/pushahead.py; their bytes count
-    # in pushed_bytes): each saves the READs of a block
-    pushed_ahead_blocks: int = 0
     pushed_bytes: int = 0
     push_errors: int = 0
     # FUSE requests by operation (lookup, getattr, open, read, flush, release, ...) and
@@ -154,7 +151,6 @@ class Stats:
             "disk_writes_skipped": self.disk_writes_skipped,
             "disk_writes_late": self.disk_writes_late,
             "pushed_files": self.pushed_files,
-            "pushed_ahead_blocks": self.pushed_ahead_blocks,
             "pushed_bytes": self.pushed_bytes,
             "push_errors": self.push_errors,
             "demand_hit_bytes": self.demand_hit_bytes,

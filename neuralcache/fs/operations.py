@@ -32,7 +32,6 @@ from ..ahead.readahead import ReadAhead
 from ..stats import Stats
 from .pagedrop import KernelVersions, PageDropper
 from .push import Pusher
-from .pushahead import AheadPusher
 from .trace import TraceRing
 
 log = logging.getLogger(__name__)
@@ -108,8 +107,6 @@ class FileHandle:
     # journal's copy from then on (write/readers.py), as on a local disk
     journal: object = None
     direct: bool = False     # O_DIRECT: its reads leave nothing in the page cache
-    pushed_upto: int = 0     # blocks below this were pushed ahead (fs/pushahead.py)
-    released: bool = False
 
 
 @dataclass(slots=True)
@@ -152,9 +149,6 @@ class Operations(pyfuse3.Operations):
         self._reading: dict[int, int] = {}          # inode -> open FileHandles
         self.pusher = Pusher(store, stats, trace, prefetcher, self._reading.get)
         self.pages = PageDropper()      # daemon.py runs it in the mount's nursery
-        # (and this one: pushes only on a read-only mount)
-        self.ahead = AheadPusher(store, stats, self._kernel_version, prefetcher) \
-            if writes is None else None
         # A --writable mount: neuralcache.write.layer.WriteLayer, else None (EROFS).
         self.writes = writes
         self.file_mode, self.dir_mode = (0o644, 0o755) if writes else (0o444, 0o555)
@@ -376,8 +370,6 @@ class Operations(pyfuse3.Operations):
             t0 = cpuacct.clock()
             self.prefetcher.on_open(node.key, node.size, ctx.pid, node.parent, warm=keep)
             cpuacct.charge("ahead", t0)
-        if kv is None and self.ahead is not None:   # no old version's push lands later
-            await self.ahead.settled(inode)
         if kv is None and not busy and self.writes is None and not flags & os.O_DIRECT:
             try:
                 keep = await self.pusher.push(inode, pinned, ctx.pid)
@@ -454,8 +446,6 @@ class Operations(pyfuse3.Operations):
                 self.store.consumed(p, i)
         if self.prefetcher is not None:
             self.prefetcher.on_read(p.key, off, len(data), p.size, h.pid)
-        if self.ahead is not None and not h.direct:
-            self.ahead.after_read(h.node.inode, h, off, len(data))
         cpuacct.charge("ahead", t0)
         return data
 
@@ -494,7 +484,6 @@ class Operations(pyfuse3.Operations):
     async def release(self, fh):
         h = self._handles.pop(fh, None)
         if isinstance(h, FileHandle):
-            h.released = True
             self._unread(h.node.inode)
             if h.readahead is not None and not h.direct:   # read whole: in the page cache
                 for i in h.readahead.finished(self.store.nblocks(h.pinned), h.pinned.size):

@@ -222,11 +222,6 @@ class BlockStore:
         bk = BlockKey(obj.key, obj.version, index)
         return self._in_memory(bk) or (self.disk is not None and self._for_disk(bk))
 
-    def held(self, obj: Pinned, index: int) -> bool:
-        """In the memory tier, or in the disk tier, now (not on its way: fs/pushahead.py)."""
-        bk = BlockKey(obj.key, obj.version, index)
-        return bk in self.mem or (self.disk is not None and self.disk.contains(bk))
-
     def resident(self, obj: Pinned) -> bytes | None:
         """The whole of a one-block object when the memory tier holds it (fs/push.py
         pushes it into the kernel page cache at open; ``served`` then counts it); None
