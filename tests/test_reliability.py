@@ -60,6 +60,11 @@ def test_link_faults_exact_bytes_or_eio(seaweed, fault_bucket, files, tmp_path, 
                        for k, v in res.items()}
             s = stats(mp)
         pstats = proxy.stats()
+    # (what a run saw, for `pytest -rP`: bench/RESULTS.md forty-first sitting)
+    print(f"verified {res['bytes'] >> 20} MiB in {res['reads']} reads, {res['eio']} EIO, "
+          f"slowest {res['slowest']:.1f} s; proxy resets {pstats.get('resets', 0)}, "
+          f"stalls {pstats.get('stalls', 0)}; retries {s['backend_retries']}, hedges "
+          f"{s['hedged_requests']}")
     assert res["wrong"] == 0 and res["other"] == 0, (res["wrong_reads"], res["errors"])
     assert res["bytes"] > 20 * MB
     assert res["slowest"] < 35.0              # the documented demand deadline (30 s) + slack
